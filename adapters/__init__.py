@@ -1,0 +1,1 @@
+"""Fern adapters: vector databases that call the sidecar through its client."""

@@ -1,0 +1,1 @@
+"""PostgreSQL + pgvector adapter: vectorizers, a durable work queue, workers and search."""

@@ -1,0 +1,1 @@
+"""Qdrant adapter: Document embedding at ingest and query time, bulk ingest, hybrid search."""

@@ -1,0 +1,1 @@
+"""Fern engine: models, weight loading, packed attention, CUDA graphs and Engine.step()."""

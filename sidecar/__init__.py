@@ -1,0 +1,1 @@
+"""Fern's sidecar: gateway, scheduler, gRPC server, CLI and the client adapters use."""
