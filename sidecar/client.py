@@ -1,0 +1,410 @@
+"""Typed Python client for the Fern sidecar (sync and async), returning numpy arrays.
+
+It imports only grpc, protobuf and numpy, so adapters and their workers install and run on a
+database host without torch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
+
+import grpc
+import grpc.aio
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from sidecar.wire import embedder_pb2 as pb
+from sidecar.wire import embedder_pb2_grpc as pb_grpc
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+INDEX_METADATA_KEY = "fern-input-index"
+# Vectors of a 100-text request at 4096 dims in float32 are ~1.6 MB; long requests more.
+_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+_CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+)
+
+_LANES = {"online": pb.LANE_ONLINE, "batch": pb.LANE_BATCH}
+_ENCODINGS = {
+    "float32": pb.ENCODING_FLOAT32,
+    "float16": pb.ENCODING_FLOAT16,
+    "int8": pb.ENCODING_INT8,
+    "binary": pb.ENCODING_BINARY,
+}
+_ENCODING_NAMES = {v: k for k, v in _ENCODINGS.items()}
+_DTYPES = {"float32": "<f4", "float16": "<f2", "int8": "i1", "binary": "u1"}
+_STATUS_BY_NUMBER = {status.value[0]: status for status in grpc.StatusCode}
+
+
+class FernError(Exception):
+    """A request the sidecar refused or could not serve, with the gRPC status and input index."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, index: int | None = None):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+        self.index = index
+
+    @classmethod
+    def from_rpc_error(cls, err: grpc.RpcError) -> "FernError":
+        code = err.code() if callable(getattr(err, "code", None)) else grpc.StatusCode.UNKNOWN
+        details = err.details() if callable(getattr(err, "details", None)) else str(err)
+        return cls(code, details or code.name, _index_from_metadata(err))
+
+
+@dataclass(frozen=True)
+class SparseVector:
+    """A sparse lexical vector: token ids and BM25-style saturated term frequencies."""
+
+    indices: np.ndarray
+    values: np.ndarray
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """The vectors of one request: `vectors` has one row per input, in input order."""
+
+    vectors: np.ndarray
+    dimensions: int
+    encoding: str
+    token_counts: np.ndarray
+    model: str
+    request_id: str = ""
+    sparse: list[SparseVector] | None = None
+
+    def __len__(self) -> int:
+        return self.vectors.shape[0]
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    """One EmbedStream response: either `embeddings` or `error` is set."""
+
+    request_id: str
+    embeddings: Embeddings | None = None
+    error: FernError | None = None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model the sidecar serves, as ListModels describes it."""
+
+    name: str
+    dimensions: int
+    max_tokens: int
+    pooling: str
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str = ""
+    normalize: bool = True
+    matryoshka_dimensions: tuple[int, ...] = ()
+    vocab_size: int = 0
+    distance: str = "cosine"
+    native_int8: bool = False
+
+
+@dataclass(frozen=True)
+class EmbedOptions:
+    """Per-request options shared by embed, embed_tokens and embed_stream."""
+
+    model: str = ""
+    lane: str = "online"
+    prompt: str | None = None
+    normalize: bool | None = None
+    truncate: bool = True
+    dimensions: int = 0
+    encoding: str = "float32"
+    sparse: bool = False
+
+    def request(self, request_id: str = "", texts: Sequence[str] | None = None,
+                token_ids: Sequence[Sequence[int]] | None = None) -> pb.EmbedRequest:
+        if self.lane not in _LANES:
+            raise ValueError(f"lane must be one of {sorted(_LANES)}, got {self.lane!r}")
+        if self.encoding not in _ENCODINGS:
+            raise ValueError(f"encoding must be one of {sorted(_ENCODINGS)}, got {self.encoding!r}")
+        if isinstance(texts, str):
+            raise TypeError("texts must be a sequence of strings, not one string")
+        req = pb.EmbedRequest(
+            request_id=request_id,
+            model=self.model,
+            lane=_LANES[self.lane],
+            prompt_name=self.prompt or "",
+            truncation=pb.TRUNCATION_END if self.truncate else pb.TRUNCATION_ERROR,
+            dimensions=self.dimensions,
+            encoding=_ENCODINGS[self.encoding],
+            return_sparse=self.sparse,
+        )
+        if self.normalize is not None:
+            req.normalize = self.normalize
+        if texts is not None:
+            req.texts.extend(texts)
+        if token_ids is not None:
+            req.token_ids.extend(pb.TokenIds(ids=list(ids)) for ids in token_ids)
+        return req
+
+
+def decode_response(resp: pb.EmbedResponse) -> Embeddings:
+    """Turns an EmbedResponse into numpy arrays without one Python object per value."""
+    encoding = _ENCODING_NAMES[resp.encoding]
+    cols = (resp.dimensions + 7) // 8 if encoding == "binary" else resp.dimensions
+    vectors = np.frombuffer(resp.vectors, dtype=_DTYPES[encoding]).reshape(resp.count, cols)
+    sparse = None
+    if len(resp.sparse):
+        sparse = [SparseVector(np.asarray(s.indices, dtype=np.uint32),
+                               np.asarray(s.values, dtype=np.float32)) for s in resp.sparse]
+    return Embeddings(
+        vectors=vectors,
+        dimensions=resp.dimensions,
+        encoding=encoding,
+        token_counts=np.asarray(resp.token_counts, dtype=np.int64),
+        model=resp.model,
+        request_id=resp.request_id,
+        sparse=sparse,
+    )
+
+
+def _stream_result(resp: pb.EmbedResponse) -> StreamResult:
+    if resp.HasField("error"):
+        index = resp.error.index if resp.error.index >= 0 else None
+        code = _STATUS_BY_NUMBER.get(resp.error.code, grpc.StatusCode.UNKNOWN)
+        err = FernError(code, resp.error.message, index)
+        return StreamResult(resp.request_id, error=err)
+    return StreamResult(resp.request_id, embeddings=decode_response(resp))
+
+
+def _index_from_metadata(err: grpc.RpcError) -> int | None:
+    trailing = err.trailing_metadata() if callable(getattr(err, "trailing_metadata", None)) else None
+    for key, value in trailing or ():
+        if key == INDEX_METADATA_KEY:
+            return int(value)
+    return None
+
+
+def _model_info(m: pb.ModelInfo) -> ModelInfo:
+    return ModelInfo(
+        name=m.name,
+        dimensions=m.dimensions,
+        max_tokens=m.max_tokens,
+        pooling=m.pooling,
+        prompts={p.name: p.text for p in m.prompts},
+        default_prompt_name=m.default_prompt_name,
+        normalize=m.normalize,
+        matryoshka_dimensions=tuple(m.matryoshka_dimensions),
+        vocab_size=m.vocab_size,
+        distance=m.distance,
+        native_int8=m.native_int8,
+    )
+
+
+def _stream_request(item, n: int, options: EmbedOptions) -> pb.EmbedRequest:
+    """A stream item is an EmbedRequest, a (request_id, texts) pair, or texts (id = position)."""
+    if isinstance(item, pb.EmbedRequest):
+        return item
+    request_id, texts = item if isinstance(item, tuple) else (n, item)
+    return options.request(str(request_id), texts=texts)
+
+
+def _stream_items(items: Iterable, options: EmbedOptions) -> Iterator[pb.EmbedRequest]:
+    for n, item in enumerate(items):
+        yield _stream_request(item, n, options)
+
+
+def _ordered_models(resp: pb.ListModelsResponse) -> list[ModelInfo]:
+    models = [_model_info(m) for m in resp.models]
+    return sorted(models, key=lambda m: m.name != resp.default_model)
+
+
+def _pick_model(resp: pb.ListModelsResponse, name: str) -> ModelInfo:
+    wanted = name or resp.default_model
+    for m in resp.models:
+        if m.name == wanted:
+            return _model_info(m)
+    served = ", ".join(m.name for m in resp.models)
+    raise FernError(grpc.StatusCode.NOT_FOUND, f"model {wanted!r} is not served here (served: {served})")
+
+
+def _auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+class FernClient:
+    """Blocking client. `FernClient()` talks to $FERN_TARGET or 127.0.0.1:50051."""
+
+    def __init__(self, target: str | None = None, *, token: str | None = None,
+                 timeout: float | None = None, channel: grpc.Channel | None = None):
+        self.target = target or os.environ.get("FERN_TARGET", DEFAULT_TARGET)
+        self._channel = channel or grpc.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
+        self._stub = pb_grpc.EmbedderStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._metadata = _auth_metadata(token if token is not None else os.environ.get("FERN_TOKEN"))
+        self.timeout = timeout
+
+    def embed(self, texts: Sequence[str], *, timeout: float | None = None, **options) -> Embeddings:
+        """Embeds texts; options are EmbedOptions' fields (model, lane, prompt, normalize, ...)."""
+        return self._call(EmbedOptions(**options).request(texts=texts), timeout)
+
+    def embed_tokens(self, token_ids: Sequence[Sequence[int]], *, timeout: float | None = None,
+                     **options) -> Embeddings:
+        """Embeds pre-tokenized inputs (special tokens included)."""
+        return self._call(EmbedOptions(**options).request(token_ids=token_ids), timeout)
+
+    def embed_stream(self, items: Iterable, *, timeout: float | None = None,
+                     **options) -> Iterator[StreamResult]:
+        """Streams requests through EmbedStream (BATCH lane unless told otherwise).
+
+        `items` yields (request_id, texts) pairs, lists of texts (ids are their positions) or
+        ready EmbedRequests. gRPC pulls the next item only when the server has read the
+        previous ones, so memory stays bounded on both sides. Results may come out of order.
+        """
+        options.setdefault("lane", "batch")
+        opts = EmbedOptions(**options)
+        call = self._stub.EmbedStream(_stream_items(items, opts), metadata=self._metadata,
+                                      timeout=timeout or self.timeout)
+        try:
+            for resp in call:
+                yield _stream_result(resp)
+        except grpc.RpcError as err:
+            raise FernError.from_rpc_error(err) from None
+        finally:
+            call.cancel()
+
+    def list_models(self, *, timeout: float | None = None) -> list[ModelInfo]:
+        """The served models, the default one first."""
+        return _ordered_models(self._list_models(timeout))
+
+    def model(self, name: str = "", *, timeout: float | None = None) -> ModelInfo:
+        """The ModelInfo of `name`, or of the default model when `name` is empty."""
+        return _pick_model(self._list_models(timeout), name)
+
+    def _list_models(self, timeout: float | None) -> pb.ListModelsResponse:
+        try:
+            return self._stub.ListModels(pb.ListModelsRequest(), metadata=self._metadata,
+                                         timeout=timeout or self.timeout)
+        except grpc.RpcError as err:
+            raise FernError.from_rpc_error(err) from None
+
+    def health(self, *, timeout: float = 5.0) -> bool:
+        """True when the sidecar reports SERVING."""
+        try:
+            resp = self._health.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.RpcError:
+            return False
+        return resp.status == health_pb2.HealthCheckResponse.SERVING
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Blocks until the sidecar is SERVING; raises FernError(UNAVAILABLE) after `timeout`."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise FernError(grpc.StatusCode.UNAVAILABLE,
+                            f"no sidecar answered at {self.target} within {timeout:g}s") from None
+        deadline = time.monotonic() + timeout
+        while not self.health(timeout=max(0.1, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                raise FernError(grpc.StatusCode.UNAVAILABLE,
+                                f"sidecar at {self.target} is not SERVING after {timeout:g}s")
+            time.sleep(0.05)
+
+    def _call(self, request: pb.EmbedRequest, timeout: float | None) -> Embeddings:
+        try:
+            resp = self._stub.Embed(request, metadata=self._metadata,
+                                    timeout=timeout or self.timeout)
+        except grpc.RpcError as err:
+            raise FernError.from_rpc_error(err) from None
+        return decode_response(resp)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "FernClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncFernClient:
+    """asyncio client with the same methods as FernClient, awaited."""
+
+    def __init__(self, target: str | None = None, *, token: str | None = None,
+                 timeout: float | None = None):
+        self.target = target or os.environ.get("FERN_TARGET", DEFAULT_TARGET)
+        self._channel = grpc.aio.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
+        self._stub = pb_grpc.EmbedderStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._metadata = _auth_metadata(token if token is not None else os.environ.get("FERN_TOKEN"))
+        self.timeout = timeout
+
+    async def embed(self, texts: Sequence[str], *, timeout: float | None = None,
+                    **options) -> Embeddings:
+        return await self._call(EmbedOptions(**options).request(texts=texts), timeout)
+
+    async def embed_tokens(self, token_ids: Sequence[Sequence[int]], *,
+                           timeout: float | None = None, **options) -> Embeddings:
+        return await self._call(EmbedOptions(**options).request(token_ids=token_ids), timeout)
+
+    async def embed_stream(self, items: Iterable | AsyncIterable, *,
+                           timeout: float | None = None, **options) -> AsyncIterator[StreamResult]:
+        """Async twin of FernClient.embed_stream; `items` may be a sync or async iterable."""
+        options.setdefault("lane", "batch")
+        opts = EmbedOptions(**options)
+
+        async def requests() -> AsyncIterator[pb.EmbedRequest]:
+            if hasattr(items, "__aiter__"):
+                n = 0
+                async for item in items:
+                    yield _stream_request(item, n, opts)
+                    n += 1
+            else:
+                for req in _stream_items(items, opts):
+                    yield req
+
+        call = self._stub.EmbedStream(requests(), metadata=self._metadata,
+                                      timeout=timeout or self.timeout)
+        try:
+            async for resp in call:
+                yield _stream_result(resp)
+        except grpc.RpcError as err:
+            raise FernError.from_rpc_error(err) from None
+        finally:
+            call.cancel()
+
+    async def list_models(self, *, timeout: float | None = None) -> list[ModelInfo]:
+        return _ordered_models(await self._list_models(timeout))
+
+    async def model(self, name: str = "", *, timeout: float | None = None) -> ModelInfo:
+        return _pick_model(await self._list_models(timeout), name)
+
+    async def _list_models(self, timeout: float | None) -> pb.ListModelsResponse:
+        try:
+            return await self._stub.ListModels(pb.ListModelsRequest(), metadata=self._metadata,
+                                               timeout=timeout or self.timeout)
+        except grpc.RpcError as err:
+            raise FernError.from_rpc_error(err) from None
+
+    async def health(self, *, timeout: float = 5.0) -> bool:
+        try:
+            resp = await self._health.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.RpcError:
+            return False
+        return resp.status == health_pb2.HealthCheckResponse.SERVING
+
+    async def _call(self, request: pb.EmbedRequest, timeout: float | None) -> Embeddings:
+        try:
+            resp = await self._stub.Embed(request, metadata=self._metadata,
+                                          timeout=timeout or self.timeout)
+        except grpc.RpcError as err:
+            raise FernError.from_rpc_error(err) from None
+        return decode_response(resp)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> "AsyncFernClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

@@ -1,0 +1,24 @@
+"""The committed generated code in sidecar/wire matches protos/fern/v1/embedder.proto."""
+
+from sidecar.wire import embedder_pb2 as pb
+from sidecar.wire import generate
+
+
+def test_generated_code_matches_proto():
+    assert generate.main(["--check"]) == 0
+
+
+def test_descriptor_is_the_versioned_service():
+    service = pb.DESCRIPTOR.services_by_name["Embedder"]
+    assert service.full_name == "fern.v1.Embedder"
+    assert set(service.methods_by_name) == {"Embed", "EmbedStream", "ListModels"}
+    stream = service.methods_by_name["EmbedStream"]
+    assert stream.client_streaming and stream.server_streaming
+
+
+def test_request_carries_every_design_field():
+    fields = set(pb.EmbedRequest.DESCRIPTOR.fields_by_name)
+    assert {"request_id", "model", "texts", "token_ids", "lane", "prompt_name", "normalize",
+            "truncation", "dimensions", "encoding", "return_sparse"} <= fields
+    # normalize is optional so "unset" means the model's default, not False.
+    assert pb.EmbedRequest.DESCRIPTOR.fields_by_name["normalize"].has_presence
