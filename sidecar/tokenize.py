@@ -1,0 +1,145 @@
+"""Batch tokenization for the gateway: Rust `tokenizers` on worker threads, off the event loop.
+
+The model's tokenizer.json is loaded with its padding switched off (packed batches need
+none) and its truncation set to the model's real limit (`spec.max_tokens`, e.g. 256 for
+all-MiniLM-L6-v2, whose shipped tokenizer.json says 128). Special tokens ([CLS] ... [SEP],
+<s> ... </s>) are added by the tokenizer's own post-processor and survive truncation.
+Models whose pooling reads the last token (Qwen3-Embedding) need an end-of-text token
+there; when the tokenizer.json does not append it, it is appended here (truncating one
+token earlier to make room), as the model's reference code does.
+
+`encode_batch_fast` (no character offsets) does the work; it releases the GIL and fans
+out over Rust threads, and large requests are cut into slices spread over several
+Python worker threads, so tokenizing a bulk request never holds up the asyncio loop
+that feeds the GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from sidecar.errors import invalid_argument
+
+# Texts per worker slice: large enough to amortize a thread hop, small enough that a bulk
+# request spreads over the workers and an online request never waits behind a whole one.
+SLICE_TEXTS = 256
+# Token ids that mark the end of text for last-token pooling models, by token string.
+_EOS_TOKENS = ("<|endoftext|>", "<|im_end|>", "</s>", "<eos>")
+
+
+def default_workers() -> int:
+    """Tokenizer worker threads: a few, since each `encode_batch_fast` call fans out in Rust."""
+    return max(2, min(8, os.cpu_count() or 2))
+
+
+class TextTokenizer:
+    """One model's tokenizer: texts in, token id lists (special tokens included) out.
+
+    `encode` is the synchronous core; `encode_async` runs it on the worker pool. Inputs
+    over `max_tokens` are cut at the end when `truncate` is true and rejected with
+    INVALID_ARGUMENT (naming the input and its token count) when it is false.
+    """
+
+    def __init__(self, tokenizer_path: str | Path, max_tokens: int, *, append_eos: bool = False,
+                 workers: int | None = None) -> None:
+        self.max_tokens = int(max_tokens)
+        if self.max_tokens < 2:
+            raise ValueError(f"max_tokens must be at least 2, got {max_tokens}")
+        self._full = Tokenizer.from_file(str(tokenizer_path))
+        self._full.no_padding()
+        self._full.no_truncation()
+        self.eos_id = self._eos_to_append(append_eos)
+        room = self.max_tokens - (1 if self.eos_id is not None else 0)
+        self._truncating = Tokenizer.from_file(str(tokenizer_path))
+        self._truncating.no_padding()
+        self._truncating.enable_truncation(room)
+        self.special_ids = frozenset(i for i, tok in self._full.get_added_tokens_decoder().items()
+                                     if tok.special)
+        self.vocab_size = self._full.get_vocab_size(with_added_tokens=True)
+        self._pool = ThreadPoolExecutor(workers or default_workers(),
+                                        thread_name_prefix="fern-tokenize")
+
+    @classmethod
+    def for_spec(cls, spec, workers: int | None = None) -> "TextTokenizer":
+        """The tokenizer of a core_engine ModelSpec (last-token pooling gets an EOS appended)."""
+        return cls(spec.tokenizer_path, spec.max_tokens, append_eos=spec.pooling == "last",
+                   workers=workers)
+
+    def _eos_to_append(self, append_eos: bool) -> int | None:
+        if not append_eos:
+            return None
+        for token in _EOS_TOKENS:
+            eos = self._full.token_to_id(token)
+            if eos is not None:
+                break
+        else:
+            raise ValueError("last-token pooling needs an end-of-text token, and the tokenizer "
+                             f"has none of {', '.join(_EOS_TOKENS)}")
+        probe = self._full.encode("fern").ids
+        return None if probe and probe[-1] == eos else eos
+
+    def encode(self, texts: Sequence[str], *, truncate: bool = True, field: str = "texts",
+               offset: int = 0) -> list[list[int]]:
+        """Token ids of each text; errors name `field[offset + i]`."""
+        if truncate:
+            encodings = self._truncating.encode_batch_fast(list(texts), add_special_tokens=True)
+            seqs = [e.ids for e in encodings]
+        else:
+            encodings = self._full.encode_batch_fast(list(texts), add_special_tokens=True)
+            seqs = [e.ids for e in encodings]
+            limit = self.max_tokens - (1 if self.eos_id is not None else 0)
+            for i, ids in enumerate(seqs):
+                if len(ids) > limit:
+                    count = len(ids) + (1 if self.eos_id is not None else 0)
+                    raise invalid_argument(
+                        f"{field}[{offset + i}]: {count} tokens exceeds the model's limit of "
+                        f"{self.max_tokens} tokens (truncation is TRUNCATION_ERROR)", offset + i)
+        if self.eos_id is not None:
+            for ids in seqs:
+                ids.append(self.eos_id)
+        return seqs
+
+    def encode_plain(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids without special tokens and without truncation (for sparse vectors)."""
+        return [e.ids for e in self._full.encode_batch_fast(list(texts), add_special_tokens=False)]
+
+    async def encode_async(self, texts: Sequence[str], *, truncate: bool = True,
+                           field: str = "texts", offset: int = 0) -> list[list[int]]:
+        """`encode` on the worker pool, in slices of SLICE_TEXTS run in parallel.
+
+        When several slices fail, the error of the lowest input index is raised."""
+        return await self._run_slices(texts, lambda part, start: self.encode(
+            part, truncate=truncate, field=field, offset=offset + start))
+
+    async def encode_plain_async(self, texts: Sequence[str]) -> list[list[int]]:
+        """`encode_plain` on the worker pool."""
+        return await self._run_slices(texts, lambda part, start: self.encode_plain(part))
+
+    async def _run_slices(self, texts: Sequence[str], work) -> list[list[int]]:
+        loop = asyncio.get_running_loop()
+        futures = [loop.run_in_executor(self._pool, work, texts[s:s + SLICE_TEXTS], s)
+                   for s in range(0, len(texts), SLICE_TEXTS)]
+        seqs: list[list[int]] = []
+        for part in await asyncio.gather(*futures, return_exceptions=True):
+            if isinstance(part, BaseException):
+                raise part
+            seqs.extend(part)
+        return seqs
+
+    def truncate_ids(self, ids: Sequence[int]) -> list[int]:
+        """Cut pre-tokenized ids to max_tokens at the end, keeping a trailing special token."""
+        if len(ids) <= self.max_tokens:
+            return list(ids)
+        if ids[-1] in self.special_ids:
+            return [*ids[:self.max_tokens - 1], ids[-1]]
+        return list(ids[:self.max_tokens])
+
+    def close(self) -> None:
+        """Stop the worker threads (pending slices finish first)."""
+        self._pool.shutdown(wait=True)
