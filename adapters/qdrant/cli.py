@@ -93,13 +93,13 @@ def run_ingest(args: argparse.Namespace) -> int:
         if args.file == "-":
             records = read_jsonl(sys.stdin, "<stdin>")
             summary = client.ingest(args.collection, records, text=args.text, id=args.id_field,
-                                    payload=payload, model=args.model, batch_size=args.batch_size,
+                                    payload=payload, model=args.model or None, batch_size=args.batch_size,
                                     max_in_flight=args.in_flight)
         else:
             with Path(args.file).open(encoding="utf-8") as stream:
                 records = read_jsonl(stream, args.file)
                 summary = client.ingest(args.collection, records, text=args.text, id=args.id_field,
-                                        payload=payload, model=args.model,
+                                        payload=payload, model=args.model or None,
                                         batch_size=args.batch_size, max_in_flight=args.in_flight)
     except (IngestError, FernError, ValueError, OSError) as err:
         print(f"fern qdrant ingest: {err}", file=sys.stderr)

@@ -1,0 +1,164 @@
+"""FernQdrantClient: a QdrantClient whose Fern-model Documents are embedded by the Fern sidecar.
+
+It subclasses QdrantClient rather than wrapping it, so it *is* a QdrantClient: every
+method, argument and return type is qdrant-client's own, `isinstance` checks and type
+hints keep working, and local mode (`:memory:` or a path) and a server URL run the same
+code. Only the methods that carry vectors are overridden, and only to replace Fern
+Documents (see documents.py) with sidecar vectors before qdrant-client's own code runs:
+writes through the BATCH lane, queries through the ONLINE lane, one sidecar call per API
+call (per chunk of `batch_size` points for the streaming upload methods, to keep memory
+bounded). The substitution happens in the calling process, so `upload_points(...,
+parallel=N)` workers receive plain vectors. Documents for other models reach
+qdrant-client unchanged and it embeds them as it always does (FastEmbed, cloud inference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import islice
+from typing import Any
+
+from qdrant_client import QdrantClient, models
+
+from adapters.qdrant import collection as _collection
+from adapters.qdrant import ingest as _ingest
+from adapters.qdrant import search as _search
+from adapters.qdrant.collection import DENSE, SPARSE, CollectionLayout
+from adapters.qdrant.documents import FERN_PREFIX, DocumentEmbedder, FernModels
+from adapters.qdrant.ingest import IdSpec, IngestSummary, PayloadSpec, TextSpec
+from sidecar.client import FernClient, ModelInfo
+
+WRITE_LANE = "batch"
+QUERY_LANE = "online"
+
+
+class FernQdrantClient(QdrantClient):
+    """QdrantClient plus Fern: same constructor arguments, plus `fern` (a FernClient or target).
+
+    fern_models maps Document model names to sidecar model names (in addition to the
+    ``fern/<name>`` prefix), e.g. ``{"sentence-transformers/all-MiniLM-L6-v2": "all-MiniLM-L6-v2"}``.
+    """
+
+    def __init__(self, location: str | None = None, *, fern: FernClient | str | None = None,
+                 fern_models: Mapping[str, str] | None = None, fern_prefix: str = FERN_PREFIX,
+                 **kwargs: Any):
+        super().__init__(location, **kwargs)
+        self._owns_fern = fern is None or isinstance(fern, str)
+        self.fern: FernClient = FernClient(fern) if self._owns_fern else fern
+        self.documents = DocumentEmbedder(FernModels(fern_prefix, dict(fern_models or {})))
+        self._model_info: dict[str, ModelInfo] = {}
+
+    # Writes: BATCH lane.
+
+    def upsert(self, collection_name: str, points: models.Batch | Sequence[models.PointStruct],
+               *args: Any, **kwargs: Any) -> models.UpdateResult:
+        points = self.documents.substitute(points, self.fern, WRITE_LANE)
+        return super().upsert(collection_name, points, *args, **kwargs)
+
+    def update_vectors(self, collection_name: str, points: Sequence[models.PointVectors],
+                       *args: Any, **kwargs: Any) -> models.UpdateResult:
+        points = self.documents.substitute(points, self.fern, WRITE_LANE)
+        return super().update_vectors(collection_name, points, *args, **kwargs)
+
+    def batch_update_points(self, collection_name: str,
+                            update_operations: Sequence[models.UpdateOperation],
+                            *args: Any, **kwargs: Any) -> list[models.UpdateResult]:
+        update_operations = self.documents.substitute(update_operations, self.fern, WRITE_LANE)
+        return super().batch_update_points(collection_name, update_operations, *args, **kwargs)
+
+    def upload_points(self, collection_name: str, points: Iterable[models.PointStruct],
+                      batch_size: int = 64, *args: Any, **kwargs: Any) -> None:
+        points = self._substitute_chunks(points, batch_size)
+        return super().upload_points(collection_name, points, batch_size, *args, **kwargs)
+
+    def upload_collection(self, collection_name: str, vectors: Any, payload: Any = None,
+                          ids: Any = None, batch_size: int = 64, *args: Any,
+                          **kwargs: Any) -> None:
+        if not isinstance(vectors, Mapping) and not hasattr(vectors, "shape"):
+            vectors = self._substitute_chunks(vectors, batch_size)
+        return super().upload_collection(collection_name, vectors, payload, ids, batch_size,
+                                         *args, **kwargs)
+
+    def _substitute_chunks(self, items: Iterable[Any], batch_size: int) -> Iterator[Any]:
+        """Lazily embed the Documents of `items`, one sidecar call per `batch_size` items."""
+        it = iter(items)
+        while chunk := list(islice(it, max(batch_size, 1))):
+            yield from self.documents.substitute(chunk, self.fern, WRITE_LANE)
+
+    # Queries: ONLINE lane.
+
+    def query_points(self, collection_name: str, query: Any = None, using: str | None = None,
+                     prefetch: models.Prefetch | list[models.Prefetch] | None = None,
+                     *args: Any, **kwargs: Any) -> models.QueryResponse:
+        query, prefetch = self.documents.substitute((query, prefetch), self.fern, QUERY_LANE)
+        return super().query_points(collection_name, query, using, prefetch, *args, **kwargs)
+
+    def query_batch_points(self, collection_name: str, requests: Sequence[models.QueryRequest],
+                           *args: Any, **kwargs: Any) -> list[models.QueryResponse]:
+        requests = self.documents.substitute(requests, self.fern, QUERY_LANE)
+        return super().query_batch_points(collection_name, requests, *args, **kwargs)
+
+    def query_points_groups(self, collection_name: str, group_by: str, query: Any = None,
+                            using: str | None = None,
+                            prefetch: models.Prefetch | list[models.Prefetch] | None = None,
+                            *args: Any, **kwargs: Any) -> models.GroupsResult:
+        query, prefetch = self.documents.substitute((query, prefetch), self.fern, QUERY_LANE)
+        return super().query_points_groups(collection_name, group_by, query, using, prefetch,
+                                           *args, **kwargs)
+
+    # Fern's own verbs: collection setup, bulk ingest, text search.
+
+    def setup_collection(self, collection_name: str, model: str = "", *, dense: str = DENSE,
+                         sparse: str | None = SPARSE, quantization: str | None = None,
+                         datatype: str = "float32", on_disk: bool = False) -> CollectionLayout:
+        """Create a collection shaped for `model` (see collection.setup_collection)."""
+        return _collection.setup_collection(self, self.fern, collection_name, model, dense=dense,
+                                            sparse=sparse, quantization=quantization,
+                                            datatype=datatype, on_disk=on_disk)
+
+    def ingest(self, collection_name: str, records: Iterable[Any], *, text: TextSpec = "text",
+               id: IdSpec = "id", payload: PayloadSpec = None, model: str | None = None,
+               batch_size: int = 64, max_in_flight: int = 8, prompt: str | None = None,
+               progress: bool | None = None, wait: bool = True) -> IngestSummary:
+        """Stream `records` through the sidecar and upsert them (see ingest.ingest).
+
+        The collection's layout (model, vector names) comes from setup_collection's
+        metadata; `model` overrides the model.
+        """
+        layout = self._layout(collection_name, model)
+        return _ingest.ingest(self, self.fern, collection_name, records, layout=layout, text=text,
+                              id=id, payload=payload, batch_size=batch_size,
+                              max_in_flight=max_in_flight, prompt=prompt, progress=progress,
+                              wait=wait)
+
+    def search(self, collection_name: str, text: str, k: int = 10,
+               filter: models.Filter | None = None, hybrid: bool = True, *,
+               model: str | None = None, prompt: str | None = None,
+               prefetch_limit: int | None = None,
+               with_payload: bool | list[str] = True) -> list[models.ScoredPoint]:
+        """The `k` best points for `text`: dense + sparse fused by RRF, or dense only.
+
+        The query is embedded with the model's "query" prompt when it defines one.
+        """
+        layout = self._layout(collection_name, model)
+        if prompt is None:
+            prompt = self._query_prompt(layout.model)
+        return _search.search(self, self.fern, collection_name, text, k, filter, hybrid,
+                              layout=layout, prompt=prompt, prefetch_limit=prefetch_limit,
+                              with_payload=with_payload)
+
+    def _layout(self, collection_name: str, model: str | None) -> CollectionLayout:
+        layout = _collection.collection_layout(self, collection_name)
+        if model is not None:
+            layout = CollectionLayout(model=model, dense=layout.dense, sparse=layout.sparse)
+        return layout
+
+    def _query_prompt(self, model: str) -> str | None:
+        if model not in self._model_info:
+            self._model_info[model] = self.fern.model(model)
+        return "query" if "query" in self._model_info[model].prompts else None
+
+    def close(self, *args: Any, **kwargs: Any) -> None:
+        super().close(*args, **kwargs)
+        if getattr(self, "_owns_fern", False) and hasattr(self, "fern"):
+            self.fern.close()

@@ -1,0 +1,45 @@
+"""Query-time embedding: one ONLINE-lane sidecar call, one query_points (dense, or dense + sparse fused by RRF)."""
+
+from __future__ import annotations
+
+from qdrant_client import QdrantClient, models
+
+from adapters.qdrant.collection import CollectionLayout
+from sidecar.client import FernClient
+
+
+def search(client: QdrantClient, fern: FernClient, collection: str, text: str, k: int = 10,
+           filter: models.Filter | None = None, hybrid: bool = True, *,
+           layout: CollectionLayout, prompt: str | None = None,
+           prefetch_limit: int | None = None,
+           with_payload: bool | list[str] = True) -> list[models.ScoredPoint]:
+    """The `k` best points for `text`.
+
+    hybrid=True: one query_points with two prefetches (the dense vector and the sparse
+    lexical one, each `prefetch_limit` deep, default max(4k, 20)) fused by reciprocal
+    rank fusion; the filter applies to both. hybrid=False: dense nearest neighbours.
+    """
+    if not text:
+        raise ValueError("search text is empty")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if hybrid and layout.sparse is None:
+        raise ValueError(f"collection {collection!r} has no sparse vector; "
+                         f"use hybrid=False or recreate it with a sparse vector")
+    emb = fern.embed([text], model=layout.model, lane="online", prompt=prompt, sparse=hybrid)
+    dense = emb.vectors[0].astype("float32", copy=False).tolist()
+    if not hybrid:
+        return client.query_points(collection, query=dense, using=layout.dense,
+                                   query_filter=filter, limit=k,
+                                   with_payload=with_payload).points
+    lexical = emb.sparse[0]
+    depth = prefetch_limit or max(4 * k, 20)
+    prefetch = [
+        models.Prefetch(query=dense, using=layout.dense, filter=filter, limit=depth),
+        models.Prefetch(query=models.SparseVector(indices=lexical.indices.tolist(),
+                                                  values=lexical.values.tolist()),
+                        using=layout.sparse, filter=filter, limit=depth),
+    ]
+    return client.query_points(collection, prefetch=prefetch,
+                               query=models.FusionQuery(fusion=models.Fusion.RRF),
+                               query_filter=filter, limit=k, with_payload=with_payload).points
