@@ -1,0 +1,182 @@
+"""Choosing the attention backend per model and shape: forced by name, or measured on the device."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from core_engine.attention import get_backend, register_backend
+from core_engine.attention.base import AttentionBackend, AttentionMetadata
+from core_engine.graphs import GraphKey
+
+if TYPE_CHECKING:
+    from core_engine.config import ModelSpec
+    from core_engine.engine import Engine
+
+log = logging.getLogger(__name__)
+
+# Token counts up to this are the "small" (latency) shape class, above it "large" (throughput).
+SMALL_STEP_TOKENS = 1024
+
+
+def _varlen(**_: Any) -> AttentionBackend:
+    from core_engine.attention.varlen import VarlenAttention
+
+    return VarlenAttention()
+
+
+def _flashinfer(**kwargs: Any) -> AttentionBackend:
+    from core_engine.attention.flashinfer import FlashInferAttention
+
+    return FlashInferAttention(**kwargs)
+
+
+register_backend("varlen", _varlen)
+register_backend("flashinfer", _flashinfer)
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """Head layout of a model, read from its config.json."""
+
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+def attention_shape(spec: "ModelSpec") -> AttentionShape:
+    """Heads and head size from the model directory's config.json."""
+    config = json.loads((spec.path / "config.json").read_text())
+    heads = int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+    return AttentionShape(heads, int(config.get("num_key_value_heads") or heads), head_dim)
+
+
+def flashinfer_usable(shape: AttentionShape) -> str | None:
+    """None when FlashInfer can serve this head layout, else why not."""
+    if shape.head_dim not in (64, 128, 256):
+        return f"head_dim {shape.head_dim} (FlashInfer's prefill kernels take 64, 128 or 256)"
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError as exc:
+        return f"flashinfer is not installed ({exc})"
+    return None
+
+
+def shape_class(key: GraphKey) -> str:
+    """The shape class a measured choice is made for."""
+    return "small" if key.tokens <= SMALL_STEP_TOKENS else "large"
+
+
+class AttentionSelector:
+    """The backend the model is built with: it forwards each call to the backend active for the step.
+
+    The engine calls `activate(key, captured)` before every step (a replayed graph keeps the
+    backend it was captured with), then `plan(key, cu_seqlens_cpu)` (host-side planning, for
+    FlashInfer), then runs the model. `choices` maps shape class to backend name.
+    """
+
+    def __init__(self, candidates: dict[str, AttentionBackend], forced: str | None) -> None:
+        if not candidates:
+            raise ValueError("no attention backend available")
+        self.candidates = candidates
+        self.forced = forced
+        first = forced or next(iter(candidates))
+        self.choices: dict[str, str] = {"small": first, "large": first}
+        self.measurements: dict[str, dict[str, float]] = {}
+        self._active = candidates[first]
+
+    @property
+    def name(self) -> str:
+        return self._active.name
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 meta: AttentionMetadata) -> torch.Tensor:
+        return self._active(q, k, v, meta)
+
+    def activate(self, key: GraphKey, captured: str | None = None) -> str:
+        """Make the backend for this step active and return its name."""
+        name = captured or self.choices[shape_class(key)]
+        self._active = self.candidates[name]
+        return name
+
+    def plan(self, key: GraphKey, cu_seqlens_cpu: torch.Tensor) -> None:
+        """Host-side planning for the active backend (a no-op for backends without a plan)."""
+        plan = getattr(self._active, "plan", None)
+        if plan is not None:
+            plan(key, cu_seqlens_cpu)
+
+    def choose(self, engine: "Engine", repeats: int = 20) -> None:
+        """Time each candidate on a small and a large step of this model; keep the fastest per class."""
+        if self.forced or len(self.candidates) == 1:
+            return
+        longest = min(engine.spec.max_tokens, 512)
+        shapes = {"small": [[0] * min(128, longest)],
+                  "large": [[0] * longest] * max(1, 8192 // longest)}
+        for cls, seqs in shapes.items():
+            batch = engine.prepare(seqs)
+            times: dict[str, float] = {}
+            for name in self.candidates:
+                self.choices[cls] = name
+                try:
+                    times[name] = _time_steps(engine, batch, repeats)
+                except RuntimeError as exc:
+                    log.warning("attention backend %s failed on %s (%s); not used", name, engine.spec.name, exc)
+            if not times:
+                raise RuntimeError(f"no attention backend ran model {engine.spec.name!r}")
+            self.choices[cls] = min(times, key=times.get)
+            self.measurements[cls] = times
+        log.info("attention for %s: %s (measured ms/step %s)", engine.spec.name, self.choices, self.measurements)
+
+
+def _time_steps(engine: "Engine", batch: Any, repeats: int) -> float:
+    """Median eager milliseconds per step (graph policy bypassed; the policy's counters untouched)."""
+    with torch.inference_mode():
+        key = batch.key
+        buf = batch.packed.to(engine.device)
+        times = []
+        for i in range(repeats + 3):
+            engine.attention.activate(key)
+            engine.attention.plan(key, batch.cu_seqlens_cpu)
+            torch.cuda.synchronize(engine.device)
+            start = time.perf_counter()
+            engine._forward_on(buf, key, batch.cu_seqlens_cpu)
+            torch.cuda.synchronize(engine.device)
+            if i >= 3:
+                times.append((time.perf_counter() - start) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def make_attention(name: str, device: torch.device, spec: "ModelSpec") -> AttentionSelector:
+    """The attention the engine builds its model with.
+
+    "auto": the CPU path on CPU; on CUDA `varlen` plus FlashInfer where it can serve the model,
+    chosen per shape class by measurement once the model is built. A name forces that backend.
+    """
+    shape = attention_shape(spec)
+    if name == "auto":
+        if device.type != "cuda":
+            return AttentionSelector({"cpu": get_backend("cpu")}, forced="cpu")
+        candidates: dict[str, AttentionBackend] = {"varlen": get_backend("varlen")}
+        why_not = flashinfer_usable(shape)
+        if why_not is None:
+            candidates["flashinfer"] = get_backend("flashinfer", device=device, shape=shape, causal=spec.causal)
+        else:
+            log.info("FlashInfer not a candidate for %s: %s", spec.name, why_not)
+        return AttentionSelector(candidates, forced=None)
+    if name in ("varlen", "flashinfer") and device.type != "cuda":
+        raise ValueError(f"attention {name!r} needs a CUDA device, got {device}")
+    if name == "flashinfer":
+        why_not = flashinfer_usable(shape)
+        if why_not is not None:
+            raise ValueError(f"attention 'flashinfer' cannot serve {spec.name!r}: {why_not}")
+        backend = get_backend("flashinfer", device=device, shape=shape, causal=spec.causal)
+    else:
+        backend = get_backend(name)
+    return AttentionSelector({name: backend}, forced=name)

@@ -1,0 +1,251 @@
+"""The engine: packs token sequences into bucketed batches and runs them (eagerly or as CUDA graphs) to pooled vectors."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from core_engine.attention.base import AttentionMetadata
+from core_engine.attention.select import make_attention
+from core_engine.config import ModelSpec, load_spec
+from core_engine.graphs import BucketConfig, CapturePolicy, GraphCache, GraphCounters, GraphKey, key_for
+from core_engine.handle import EmbeddingHandle
+from core_engine.loader import build_model, default_model_dir
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+           "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """"auto" means the first CUDA GPU when there is one, else the CPU."""
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device {device!r} is not a torch device (try auto, cpu, cuda, cuda:1)") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: CUDA is not available on this machine")
+        if resolved.index is None:
+            resolved = torch.device("cuda", torch.cuda.current_device())
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """"auto" means bf16 on CUDA and fp32 on the CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype {dtype!r} is unknown; choose one of auto, {', '.join(_DTYPES)}") from None
+
+
+@dataclass
+class PreparedBatch:
+    """One step's inputs, packed on the host (pinned on CUDA) in a single int64 buffer.
+
+    Layout of `packed` for key (T tokens, S slots): input_ids[T] | positions[T] | seq_ids[T] |
+    cu_seqlens[S + 1] | seq_lens[S]. Real tokens come first; bucket padding tokens form the
+    last slot, so every token belongs to a slot and every row the model computes is finite.
+    """
+
+    packed: torch.Tensor
+    key: GraphKey
+    num_seqs: int            # real sequences B (the first B slots)
+    num_tokens: int          # real tokens
+    cu_seqlens_cpu: torch.Tensor  # int32 [S + 1] host copy (FlashInfer's plan, CPU attention)
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.packed[: self.key.tokens]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        t = self.key.tokens
+        return self.packed[t: 2 * t]
+
+    @property
+    def seq_ids(self) -> torch.Tensor:
+        t = self.key.tokens
+        return self.packed[2 * t: 3 * t]
+
+    @property
+    def cu_seqlens(self) -> torch.Tensor:
+        t, s = self.key.tokens, self.key.slots
+        return self.packed[3 * t: 3 * t + s + 1]
+
+    @property
+    def seq_lens(self) -> torch.Tensor:
+        t, s = self.key.tokens, self.key.slots
+        return self.packed[3 * t + s + 1: 3 * t + 2 * s + 1]
+
+
+def _packed_size(key: GraphKey) -> int:
+    return 3 * key.tokens + 2 * key.slots + 1
+
+
+class Engine:
+    """One model on one device: `prepare()` packs on the CPU, `step()` runs and returns a handle.
+
+    On CUDA, token counts are padded to buckets and each bucket's whole forward pass (pooling
+    included) becomes a CUDA graph lazily: the first step of a shape runs eagerly, the next
+    captures, later ones replay. Only the pooled vectors travel back, through pinned memory.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path | None = None,
+        *,
+        name: str | None = None,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "auto",
+        attention: str = "auto",
+        cuda_graphs: bool = True,
+        max_graphs: int = 256,
+        eager_hits: int = 1,
+        max_step_tokens: int = 65536,
+        buckets: BucketConfig | None = None,
+        prewarm: Sequence[tuple[int, int]] = (),
+        pad_to_buckets: bool | None = None,
+    ) -> None:
+        started = time.perf_counter()
+        self.spec: ModelSpec = load_spec(model_dir if model_dir is not None else default_model_dir(), name)
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.buckets = buckets or BucketConfig()
+        if max_step_tokens < 1:
+            raise ValueError(f"max_step_tokens must be >= 1, got {max_step_tokens}")
+        self.max_step_tokens = max_step_tokens
+        self.attention = make_attention(attention, self.device, self.spec)
+        self.model = build_model(self.spec, self.device, self.dtype, self.attention)
+        self.model.eval()
+        self._cuda = self.device.type == "cuda"
+        # Bucket padding exists for CUDA graphs; on the CPU it only costs time, but it can be
+        # switched on there to exercise the same packing.
+        self.pad_to_buckets = self._cuda if pad_to_buckets is None else pad_to_buckets
+        self.policy = CapturePolicy(max_graphs=max_graphs if (cuda_graphs and self._cuda) else 0,
+                                    eager_hits=eager_hits)
+        self.graphs: GraphCache | None = None
+        self._static: torch.Tensor | None = None
+        if self._cuda:
+            self.graphs = GraphCache(self.policy, self.device)
+            most = self.buckets.tokens(max_step_tokens)
+            self._static = torch.zeros(3 * most + 2 * self.buckets.slots(max_step_tokens) + 1,
+                                       dtype=torch.int64, device=self.device)
+            self.attention.choose(self)  # measured choice when attention="auto"; no-op when forced
+        for length, count in prewarm:
+            self.warmup(length, count)
+        self.load_seconds = time.perf_counter() - started
+
+    # -- host side ------------------------------------------------------------------------
+
+    def prepare(self, sequences: Sequence[Sequence[int]]) -> PreparedBatch:
+        """Pack token-id sequences (special tokens included) into one step's host buffer."""
+        if len(sequences) == 0:
+            raise ValueError("sequences: empty batch")
+        lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+        for i in np.flatnonzero((lengths < 1) | (lengths > self.spec.max_tokens)):
+            raise ValueError(f"sequences[{i}]: {lengths[i]} tokens; each sequence needs 1 to "
+                             f"{self.spec.max_tokens} tokens for model {self.spec.name!r}")
+        num_seqs = len(sequences)
+        total = int(lengths.sum())
+        if self.pad_to_buckets:
+            key = key_for(lengths.tolist(), self.buckets)
+        else:
+            key = GraphKey(tokens=total, slots=num_seqs, max_seqlen=int(lengths.max()))
+        tokens, slots = key.tokens, key.slots
+        packed = torch.empty(_packed_size(key), dtype=torch.int64, pin_memory=self._cuda)
+        flat = packed.numpy()
+        ids, pos, sid = flat[:tokens], flat[tokens: 2 * tokens], flat[2 * tokens: 3 * tokens]
+        cu = flat[3 * tokens: 3 * tokens + slots + 1]
+        ids[:total] = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=total)
+        cu[0] = 0
+        np.cumsum(lengths, out=cu[1: num_seqs + 1])
+        # 0-based within each sequence: the model applies XLM-R's position offset itself.
+        pos[:total] = np.arange(total, dtype=np.int64) - np.repeat(cu[:num_seqs], lengths)
+        sid[:total] = np.repeat(np.arange(num_seqs, dtype=np.int64), lengths)
+        if slots > num_seqs:
+            # Unused slots are empty; the last slot holds the bucket padding, a real (discarded)
+            # sequence of token 0, so attention and pooling see only finite, in-range rows.
+            pad = tokens - total
+            cu[num_seqs + 1: slots] = total
+            cu[slots] = tokens
+            ids[total:] = 0
+            pos[total:] = np.arange(pad, dtype=np.int64)
+            sid[total:] = slots - 1
+        flat[3 * tokens + slots + 1:] = np.diff(cu)
+        return PreparedBatch(packed=packed, key=key, num_seqs=num_seqs, num_tokens=total,
+                             cu_seqlens_cpu=torch.from_numpy(cu.astype(np.int32)))
+
+    # -- device side ----------------------------------------------------------------------
+
+    def _forward_on(self, buf: torch.Tensor, key: GraphKey, cu_cpu: torch.Tensor) -> torch.Tensor:
+        t, s = key.tokens, key.slots
+        meta = AttentionMetadata(
+            cu_seqlens=buf[3 * t: 3 * t + s + 1].to(torch.int32),
+            max_seqlen=key.max_seqlen,
+            seq_ids=buf[2 * t: 3 * t],
+            seq_lens=buf[3 * t + s + 1: 3 * t + 2 * s + 1],
+            causal=self.spec.causal,
+            cu_seqlens_cpu=cu_cpu,
+        )
+        return self.model(buf[:t], buf[t: 2 * t], meta)
+
+    @torch.inference_mode()
+    def step(self, batch: PreparedBatch) -> EmbeddingHandle:
+        """Run one prepared batch; on CUDA this returns before the GPU has finished."""
+        if not self._cuda:
+            self.policy.counters.eager_runs += 1
+            pooled = self._forward_on(batch.packed, batch.key, batch.cu_seqlens_cpu)
+            return EmbeddingHandle.ready(pooled, batch.num_seqs)
+        with torch.cuda.device(self.device):
+            key = batch.key
+            n = batch.packed.numel()
+            backend = self.attention.activate(key, self.graphs.backend_of(key))
+            self.attention.plan(key, batch.cu_seqlens_cpu)
+            if n <= self._static.numel():
+                buf = self._static[:n]
+                buf.copy_(batch.packed, non_blocking=True)
+                cu_cpu = batch.cu_seqlens_cpu
+                pooled = self.graphs.run(key, lambda: self._forward_on(buf, key, cu_cpu), backend)
+            else:
+                self.policy.counters.uncacheable += 1
+                buf = batch.packed.to(self.device, non_blocking=True)
+                pooled = self._forward_on(buf, key, batch.cu_seqlens_cpu)
+            return EmbeddingHandle.from_device(pooled, batch.num_seqs)
+
+    def embed(self, sequences: Sequence[Sequence[int]]) -> np.ndarray:
+        """prepare + step + result: float32 [N, dimensions] raw pooled vectors, input order."""
+        return self.step(self.prepare(sequences)).result()
+
+    def warmup(self, length: int, count: int = 1) -> None:
+        """Run a batch of `count` sequences of `length` tokens until its graph is captured."""
+        seqs = [[0] * length] * count
+        batch = self.prepare(seqs)
+        for _ in range(self.policy.eager_hits + 1):
+            self.step(batch).result()
+
+    @property
+    def counters(self) -> GraphCounters:
+        """Eager runs, captures, replays and evictions so far."""
+        return self.policy.counters
+
+    def synchronize(self) -> None:
+        """Wait for all queued device work (benchmarks)."""
+        if self._cuda:
+            torch.cuda.synchronize(self.device)

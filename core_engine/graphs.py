@@ -1,0 +1,199 @@
+"""Whole-model CUDA graph cache: shape buckets, the lazy capture policy (eager, capture, replay) and an LRU bound."""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class BucketConfig:
+    """How packed batches are rounded up so that few distinct shapes (and graphs) exist.
+
+    Token counts up to `small_limit` round up to a multiple of `small_step`, larger ones to a
+    multiple of `large_step`. Sequence slots round up to a power of two that leaves one slot
+    free for the padding tokens; the longest-sequence bound rounds up to a power of two.
+    """
+
+    small_step: int = 64
+    large_step: int = 256
+    small_limit: int = 1024
+    min_seqlen: int = 64
+
+    def tokens(self, num_tokens: int) -> int:
+        """Token bucket for a batch of `num_tokens` real tokens (at least one step)."""
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+        step = self.small_step if num_tokens <= self.small_limit else self.large_step
+        return max(step, -(-num_tokens // step) * step)
+
+    def slots(self, num_seqs: int) -> int:
+        """Sequence-slot bucket: a power of two > num_seqs (the last slot holds padding)."""
+        if num_seqs < 1:
+            raise ValueError(f"num_seqs must be >= 1, got {num_seqs}")
+        return 1 << num_seqs.bit_length()  # smallest power of two strictly greater
+
+    def seqlen(self, longest: int, token_bucket: int) -> int:
+        """Bound on any one slot's length: a power of two, at most the token bucket."""
+        return min(token_bucket, max(self.min_seqlen, 1 << max(0, longest - 1).bit_length()))
+
+
+@dataclass(frozen=True)
+class GraphKey:
+    """The static shape one graph is captured for."""
+
+    tokens: int      # padded token count T
+    slots: int       # sequence slots S (cu_seqlens has S + 1 entries)
+    max_seqlen: int  # bound on any slot's length, fixed inside the graph
+
+
+def key_for(lengths: Iterable[int], buckets: BucketConfig) -> GraphKey:
+    """The bucketed key of a batch with these sequence lengths (padding included in the bound)."""
+    lengths = list(lengths)
+    total = sum(lengths)
+    tokens = buckets.tokens(total)
+    longest = max(max(lengths, default=0), tokens - total)
+    return GraphKey(tokens=tokens, slots=buckets.slots(len(lengths)),
+                    max_seqlen=buckets.seqlen(longest, tokens))
+
+
+class Action(enum.Enum):
+    """What the engine does for one step of a given key."""
+
+    EAGER = "eager"
+    CAPTURE = "capture"
+    REPLAY = "replay"
+
+
+@dataclass
+class GraphCounters:
+    """How steps were run, for metrics and benchmarks."""
+
+    eager_runs: int = 0
+    captures: int = 0
+    replays: int = 0
+    evictions: int = 0
+    uncacheable: int = 0  # steps too large for the static buffers: always eager
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(eager_runs=self.eager_runs, captures=self.captures, replays=self.replays,
+                    evictions=self.evictions, uncacheable=self.uncacheable)
+
+
+@dataclass
+class CapturePolicy:
+    """Lazy capture: a key's first `eager_hits` steps run eagerly, the next captures, later ones replay.
+
+    Holds at most `max_graphs` captured keys; the least recently used is evicted first.
+    Pure bookkeeping (no CUDA), so it is tested on any machine.
+    """
+
+    max_graphs: int = 256
+    eager_hits: int = 1
+    counters: GraphCounters = field(default_factory=GraphCounters)
+    _seen: dict[GraphKey, int] = field(default_factory=dict)
+    _captured: "OrderedDict[GraphKey, None]" = field(default_factory=OrderedDict)
+
+    def __post_init__(self) -> None:
+        if self.max_graphs < 0:
+            raise ValueError(f"max_graphs must be >= 0, got {self.max_graphs}")
+        if self.eager_hits < 0:
+            raise ValueError(f"eager_hits must be >= 0, got {self.eager_hits}")
+
+    def decide(self, key: GraphKey) -> Action:
+        """Choose how to run this step and count it."""
+        if key in self._captured:
+            self._captured.move_to_end(key)
+            self.counters.replays += 1
+            return Action.REPLAY
+        hits = self._seen.get(key, 0)
+        self._seen[key] = hits + 1
+        if self.max_graphs == 0 or hits < self.eager_hits:
+            self.counters.eager_runs += 1
+            return Action.EAGER
+        self.counters.captures += 1
+        return Action.CAPTURE
+
+    def captured(self, key: GraphKey) -> list[GraphKey]:
+        """Record a finished capture; returns the keys evicted to respect the bound."""
+        self._captured[key] = None
+        self._captured.move_to_end(key)
+        self._seen.pop(key, None)
+        evicted: list[GraphKey] = []
+        while len(self._captured) > self.max_graphs:
+            old, _ = self._captured.popitem(last=False)
+            evicted.append(old)
+            self.counters.evictions += 1
+        return evicted
+
+    def capture_failed(self, key: GraphKey) -> None:
+        """A capture that raised runs eagerly from then on (it is not retried)."""
+        self.counters.captures -= 1
+        self.counters.eager_runs += 1
+        self._seen[key] = -(1 << 62)
+
+    def cached_keys(self) -> list[GraphKey]:
+        """Captured keys, least recently used first."""
+        return list(self._captured)
+
+
+@dataclass
+class _Entry:
+    graph: "torch.cuda.CUDAGraph"
+    output: torch.Tensor
+    backend: str
+
+
+class GraphCache:
+    """CUDA graphs per key, driven by a CapturePolicy; graphs share one memory pool.
+
+    `run(key, forward, before_replay)` runs `forward()` eagerly, captures it, or replays its
+    graph. `forward` must read its inputs from static device buffers that the caller fills
+    before each step; the graphs never run concurrently (one stream), which is what makes
+    sharing their pool safe.
+    """
+
+    def __init__(self, policy: CapturePolicy, device: torch.device) -> None:
+        self.policy = policy
+        self.device = device
+        self._entries: dict[GraphKey, _Entry] = {}
+        self._pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def backend_of(self, key: GraphKey) -> str | None:
+        """Which attention backend a captured graph was recorded with."""
+        entry = self._entries.get(key)
+        return entry.backend if entry else None
+
+    def run(self, key: GraphKey, forward: Callable[[], torch.Tensor], backend: str) -> torch.Tensor:
+        """Run one step of `key`: eagerly, by capturing `forward`, or by replaying its graph."""
+        action = self.policy.decide(key)
+        if action is Action.REPLAY:
+            entry = self._entries[key]
+            entry.graph.replay()
+            return entry.output
+        if action is Action.EAGER:
+            return forward()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                output = forward()
+        except RuntimeError as exc:
+            # A model or backend that cannot be captured still serves, eagerly, for this key.
+            log.warning("CUDA graph capture failed for %s (%s); running it eagerly from now on", key, exc)
+            self.policy.capture_failed(key)
+            return forward()
+        self._entries[key] = _Entry(graph=graph, output=output, backend=backend)
+        for old in self.policy.captured(key):
+            self._entries.pop(old, None)
+        # The capture recorded the work without running it; run it once for this step.
+        graph.replay()
+        return output

@@ -1,0 +1,95 @@
+"""CUDA-graph bookkeeping on any machine: token/slot/length buckets, the lazy capture policy, the LRU bound."""
+
+from __future__ import annotations
+
+import pytest
+
+from core_engine.graphs import Action, BucketConfig, CapturePolicy, GraphKey, key_for
+
+
+def test_token_buckets_round_up_to_64_then_256() -> None:
+    b = BucketConfig()
+    assert [b.tokens(n) for n in (0, 1, 63, 64, 65, 128, 1000, 1024)] == [64, 64, 64, 64, 128, 128, 1024, 1024]
+    assert [b.tokens(n) for n in (1025, 1280, 1281, 51200, 51201)] == [1280, 1280, 1536, 51200, 51456]
+    with pytest.raises(ValueError, match="num_tokens"):
+        b.tokens(-1)
+
+
+def test_slot_buckets_leave_one_slot_for_padding() -> None:
+    b = BucketConfig()
+    assert [b.slots(n) for n in (1, 2, 3, 4, 7, 8, 100)] == [2, 4, 4, 8, 8, 16, 128]
+    with pytest.raises(ValueError, match="num_seqs"):
+        b.slots(0)
+
+
+def test_seqlen_bound_is_a_power_of_two_within_the_token_bucket() -> None:
+    b = BucketConfig()
+    assert b.seqlen(1, 64) == 64
+    assert b.seqlen(128, 128) == 128
+    assert b.seqlen(129, 1024) == 256
+    assert b.seqlen(300, 320) == 320  # never above the token bucket
+
+
+def test_key_counts_padding_as_a_sequence() -> None:
+    # 3 tokens pad to 64: the 61 padding tokens form the longest "sequence".
+    assert key_for([3], BucketConfig()) == GraphKey(tokens=64, slots=2, max_seqlen=64)
+    # 100 texts of 512 tokens: exactly 51200 tokens, no padding.
+    assert key_for([512] * 100, BucketConfig()) == GraphKey(tokens=51200, slots=128, max_seqlen=512)
+    # Two batches of different lengths that round alike share a graph.
+    assert key_for([10, 20], BucketConfig()) == key_for([29, 1], BucketConfig())
+
+
+def test_lazy_policy_runs_eager_then_captures_then_replays() -> None:
+    p = CapturePolicy(max_graphs=4)
+    k = GraphKey(64, 2, 64)
+    assert [p.decide(k) for _ in range(1)] == [Action.EAGER]
+    assert p.decide(k) is Action.CAPTURE
+    assert p.captured(k) == []
+    assert [p.decide(k) for _ in range(3)] == [Action.REPLAY] * 3
+    assert p.counters.as_dict() == dict(eager_runs=1, captures=1, replays=3, evictions=0, uncacheable=0)
+
+
+def test_eager_hits_zero_captures_on_first_sight_and_two_waits_longer() -> None:
+    k = GraphKey(128, 4, 128)
+    assert CapturePolicy(eager_hits=0).decide(k) is Action.CAPTURE
+    p = CapturePolicy(eager_hits=2)
+    assert [p.decide(k) for _ in range(3)] == [Action.EAGER, Action.EAGER, Action.CAPTURE]
+
+
+def test_lru_bound_evicts_the_least_recently_replayed() -> None:
+    p = CapturePolicy(max_graphs=2, eager_hits=0)
+    a, b, c = (GraphKey(64 * i, 2, 64) for i in (1, 2, 3))
+    for k in (a, b):
+        assert p.decide(k) is Action.CAPTURE
+        p.captured(k)
+    assert p.decide(a) is Action.REPLAY  # a is now more recent than b
+    assert p.decide(c) is Action.CAPTURE
+    assert p.captured(c) == [b]
+    assert p.cached_keys() == [a, c]
+    assert p.counters.evictions == 1
+    # An evicted key starts over: it is captured again (eager_hits=0) rather than replayed.
+    assert p.decide(b) is Action.CAPTURE
+
+
+def test_zero_graphs_means_always_eager() -> None:
+    p = CapturePolicy(max_graphs=0)
+    k = GraphKey(64, 2, 64)
+    assert {p.decide(k) for _ in range(5)} == {Action.EAGER}
+    assert p.counters.eager_runs == 5
+
+
+def test_failed_capture_falls_back_to_eager_for_good() -> None:
+    p = CapturePolicy(max_graphs=4)
+    k = GraphKey(64, 2, 64)
+    p.decide(k)
+    assert p.decide(k) is Action.CAPTURE
+    p.capture_failed(k)
+    assert {p.decide(k) for _ in range(3)} == {Action.EAGER}
+    assert p.counters.captures == 0 and p.counters.eager_runs == 5
+
+
+def test_bad_policy_arguments_are_named() -> None:
+    with pytest.raises(ValueError, match="max_graphs"):
+        CapturePolicy(max_graphs=-1)
+    with pytest.raises(ValueError, match="eager_hits"):
+        CapturePolicy(eager_hits=-1)
