@@ -1,0 +1,99 @@
+"""Text templates such as "{title}\\n\\n{body}": parsing, and rendering as one SQL expression.
+
+The text a vector is computed from is rendered by PostgreSQL, not by Python, so that the
+worker can compare a hash of the text it embedded with a hash of the row's text at write
+time in the same SQL expression (stale-vector protection), and so that the tsvector of
+hybrid search reads exactly the same text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg import sql
+
+
+class TemplateError(ValueError):
+    """A template that cannot be parsed or names no column."""
+
+
+@dataclass(frozen=True)
+class Template:
+    """A parsed template: literal text and column names, in order."""
+
+    source: str
+    parts: tuple[tuple[str, str], ...]  # ("text", literal) or ("column", name)
+
+    @property
+    def columns(self) -> list[str]:
+        seen: list[str] = []
+        for kind, value in self.parts:
+            if kind == "column" and value not in seen:
+                seen.append(value)
+        return seen
+
+
+def parse_template(source: str) -> Template:
+    """Parse "{col}" placeholders; "{{" and "}}" are literal braces; a name is taken verbatim."""
+    parts: list[tuple[str, str]] = []
+    text: list[str] = []
+    i = 0
+    while i < len(source):
+        ch = source[i]
+        if ch == "{" and source.startswith("{{", i):
+            text.append("{")
+            i += 2
+        elif ch == "}" and source.startswith("}}", i):
+            text.append("}")
+            i += 2
+        elif ch == "{":
+            end = source.find("}", i + 1)
+            if end < 0:
+                raise TemplateError(f"template {source!r}: '{{' at {i} is never closed")
+            name = source[i + 1:end]
+            if not name:
+                raise TemplateError(f"template {source!r}: empty column name at {i}")
+            if text:
+                parts.append(("text", "".join(text)))
+                text = []
+            parts.append(("column", name))
+            i = end + 1
+        elif ch == "}":
+            raise TemplateError(f"template {source!r}: unmatched '}}' at {i} (write '}}}}')")
+        else:
+            text.append(ch)
+            i += 1
+    if text:
+        parts.append(("text", "".join(text)))
+    template = Template(source, tuple(parts))
+    if not template.columns:
+        raise TemplateError(f"template {source!r} names no column; write e.g. '{{body}}'")
+    return template
+
+
+def template_from_columns(columns: list[str] | tuple[str, ...]) -> Template:
+    """Source columns given as a list are joined by a blank line."""
+    if not columns:
+        raise TemplateError("give at least one source column")
+    parts: list[tuple[str, str]] = []
+    for n, col in enumerate(columns):
+        if n:
+            parts.append(("text", "\n\n"))
+        parts.append(("column", col))
+    source = "\n\n".join("{" + c.replace("}", "}}").replace("{", "{{") + "}" for c in columns)
+    return Template(source, tuple(parts))
+
+
+def text_expression(template: Template, alias: str | None = None) -> sql.Composed:
+    """The template as an immutable SQL text expression (NULL columns render as '').
+
+    Immutable (|| and casts, not concat()), so it can also define a generated column.
+    """
+    pieces: list[sql.Composable] = []
+    for kind, value in template.parts:
+        if kind == "text":
+            pieces.append(sql.SQL("{}::text").format(sql.Literal(value)))
+        else:
+            col = sql.Identifier(alias, value) if alias else sql.Identifier(value)
+            pieces.append(sql.SQL("coalesce({}::text, '')").format(col))
+    return sql.SQL("(") + sql.SQL(" || ").join(pieces) + sql.SQL(")")
