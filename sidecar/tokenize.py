@@ -5,8 +5,8 @@ none) and its truncation set to the model's real limit (`spec.max_tokens`, e.g. 
 all-MiniLM-L6-v2, whose shipped tokenizer.json says 128). Special tokens ([CLS] ... [SEP],
 <s> ... </s>) are added by the tokenizer's own post-processor and survive truncation.
 Models whose pooling reads the last token (Qwen3-Embedding) need an end-of-text token
-there; when the tokenizer.json does not append it, it is appended here (truncating one
-token earlier to make room), as the model's reference code does.
+there; when the tokenizer.json does not append it (ModelSpec.append_eos), it is appended
+here, truncating one token earlier to make room, as the model's reference code does.
 
 `encode_batch_fast` (no character offsets) does the work; it releases the GIL and fans
 out over Rust threads, and large requests are cut into slices spread over several
@@ -29,8 +29,6 @@ from sidecar.errors import invalid_argument
 # Texts per worker slice: large enough to amortize a thread hop, small enough that a bulk
 # request spreads over the workers and an online request never waits behind a whole one.
 SLICE_TEXTS = 256
-# Token ids that mark the end of text for last-token pooling models, by token string.
-_EOS_TOKENS = ("<|endoftext|>", "<|im_end|>", "</s>", "<eos>")
 
 
 def default_workers() -> int:
@@ -46,7 +44,7 @@ class TextTokenizer:
     INVALID_ARGUMENT (naming the input and its token count) when it is false.
     """
 
-    def __init__(self, tokenizer_path: str | Path, max_tokens: int, *, append_eos: bool = False,
+    def __init__(self, tokenizer_path: str | Path, max_tokens: int, *, eos_id: int | None = None,
                  workers: int | None = None) -> None:
         self.max_tokens = int(max_tokens)
         if self.max_tokens < 2:
@@ -54,7 +52,7 @@ class TextTokenizer:
         self._full = Tokenizer.from_file(str(tokenizer_path))
         self._full.no_padding()
         self._full.no_truncation()
-        self.eos_id = self._eos_to_append(append_eos)
+        self.eos_id = eos_id
         room = self.max_tokens - (1 if self.eos_id is not None else 0)
         self._truncating = Tokenizer.from_file(str(tokenizer_path))
         self._truncating.no_padding()
@@ -67,22 +65,9 @@ class TextTokenizer:
 
     @classmethod
     def for_spec(cls, spec, workers: int | None = None) -> "TextTokenizer":
-        """The tokenizer of a core_engine ModelSpec (last-token pooling gets an EOS appended)."""
-        return cls(spec.tokenizer_path, spec.max_tokens, append_eos=spec.pooling == "last",
-                   workers=workers)
-
-    def _eos_to_append(self, append_eos: bool) -> int | None:
-        if not append_eos:
-            return None
-        for token in _EOS_TOKENS:
-            eos = self._full.token_to_id(token)
-            if eos is not None:
-                break
-        else:
-            raise ValueError("last-token pooling needs an end-of-text token, and the tokenizer "
-                             f"has none of {', '.join(_EOS_TOKENS)}")
-        probe = self._full.encode("fern").ids
-        return None if probe and probe[-1] == eos else eos
+        """The tokenizer of a core_engine ModelSpec (EOS appended when `spec.append_eos`)."""
+        return cls(spec.tokenizer_path, spec.max_tokens,
+                   eos_id=spec.eos_token_id if spec.append_eos else None, workers=workers)
 
     def encode(self, texts: Sequence[str], *, truncate: bool = True, field: str = "texts",
                offset: int = 0) -> list[list[int]]:
