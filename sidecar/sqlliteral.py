@@ -490,12 +490,15 @@ class _Parser:
         return stmt
 
     def finish(self) -> None:
-        self.punct(";")
+        if self.punct(";"):
+            while self.punct(";"):
+                pass
+            if self.tok.kind is not _Kind.EOF:
+                raise SqlError(FEATURE_NOT_SUPPORTED,
+                               "Fern's SQL endpoint runs one statement per query",
+                               self.tok.pos + 1)
         if self.tok.kind is not _Kind.EOF:
-            if self.tok.kind is not _Kind.PUNCT or self.tok.value != ";":
-                raise self.syntax_error()
-            raise SqlError(FEATURE_NOT_SUPPORTED,
-                           "Fern's SQL endpoint runs one statement per query", self.tok.pos + 1)
+            raise self.syntax_error()
 
     def name(self) -> str:
         if self.tok.kind is not _Kind.IDENT:
@@ -527,10 +530,11 @@ class _Parser:
             self.expect_keyword("from")
             from_form = True
         fn = self.tok
-        if fn.kind is not _Kind.IDENT:
+        if fn.kind is _Kind.EOF:
             raise self.syntax_error()
         self.advance()
-        if not (self.tok.kind is _Kind.PUNCT and self.tok.value == "("):
+        if fn.kind is not _Kind.IDENT or not (self.tok.kind is _Kind.PUNCT
+                                                and self.tok.value == "("):
             if from_form:
                 raise SqlError(FEATURE_NOT_SUPPORTED,
                                "Fern's SQL endpoint selects only from embed(...) or embed_many(...)",
