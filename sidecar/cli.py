@@ -1,0 +1,388 @@
+"""The `fern` command, Fern's one composition root: serve, embed, models, demo, and the adapters' verbs.
+
+Every flag has an environment twin (`FERN_…`, shown in `--help`) so containers can be
+configured without a command line. Only this module imports the adapters (for their
+verbs and the demo); nothing else in `sidecar/` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 50051
+# Scheduler knobs `fern serve` exposes: flag name -> SchedulerConfig field.
+SCHEDULER_KNOBS = {
+    "max-step-tokens": "max_step_tokens",
+    "online-step-tokens": "online_step_tokens",
+    "max-step-sequences": "max_step_sequences",
+    "max-queued-tokens-online": "max_queued_tokens_online",
+    "max-queued-tokens-batch": "max_queued_tokens_batch",
+}
+
+log = logging.getLogger("fern")
+
+
+def _env(name: str, default=None):
+    return os.environ.get(f"FERN_{name}", default)
+
+
+def _env_int(name: str, default: int | None) -> int | None:
+    value = _env(name)
+    if value in (None, ""):
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise SystemExit(f"fern: FERN_{name}={value!r} is not an integer") from None
+
+
+def _env_bool(name: str) -> bool:
+    return (_env(name, "") or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _env_models() -> list[str]:
+    # Several models in one variable: separated by commas.
+    return [m for m in (_env("MODEL", "") or "").split(",") if m.strip()]
+
+
+# ----------------------------------------------------------------------------- arguments
+
+def _client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=_env("TARGET", f"{DEFAULT_HOST}:{DEFAULT_PORT}"),
+                   help="the running sidecar's address (env FERN_TARGET; default %(default)s)")
+    p.add_argument("--token", default=_env("TOKEN"),
+                   help="shared secret sent as 'authorization: Bearer …' (env FERN_TOKEN)")
+    p.add_argument("--timeout", type=float, default=float(_env("TIMEOUT", "60")),
+                   help="seconds to wait for an answer (env FERN_TIMEOUT; default %(default)s)")
+
+
+def _model_args(p: argparse.ArgumentParser, flag: str = "--model") -> None:
+    p.add_argument(flag, action="append", dest="models", metavar="[NAME=]DIR", default=None,
+                   help="a model directory, optionally served as NAME (repeatable; the first is "
+                        "the default model; env FERN_MODEL, comma-separated; default: the "
+                        "bundled all-MiniLM-L6-v2)")
+    p.add_argument("--device", default=_env("DEVICE", "auto"),
+                   help="auto, cpu, cuda (one engine per visible GPU), cuda:N, or a comma list "
+                        "(env FERN_DEVICE; default %(default)s)")
+    p.add_argument("--dtype", default=_env("DTYPE", "auto"),
+                   help="auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32 (env FERN_DTYPE)")
+    p.add_argument("--attention", default=_env("ATTENTION", "auto"),
+                   help="attention backend: auto, varlen, flashinfer, cpu (env FERN_ATTENTION)")
+    p.add_argument("--no-cuda-graphs", action="store_true", default=_env_bool("NO_CUDA_GRAPHS"),
+                   help="run every step eagerly (env FERN_NO_CUDA_GRAPHS=1)")
+    p.add_argument("--tokenizer-workers", type=int, default=_env_int("TOKENIZER_WORKERS", None),
+                   help="tokenizer threads per model (env FERN_TOKENIZER_WORKERS; default: "
+                        "2..8 by CPU count)")
+    for flag, field in SCHEDULER_KNOBS.items():
+        env = flag.upper().replace("-", "_")
+        p.add_argument(f"--{flag}", dest=field, type=int, default=_env_int(env, None),
+                       help=f"scheduler: {field.replace('_', ' ')} (env FERN_{env}; default "
+                            "depends on the device)")
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    _model_args(p)
+    p.add_argument("--host", default=_env("HOST", DEFAULT_HOST),
+                   help="address to bind (env FERN_HOST; default %(default)s: local only)")
+    p.add_argument("--port", type=int, default=_env_int("PORT", DEFAULT_PORT),
+                   help="gRPC port, 0 for any free one (env FERN_PORT; default %(default)s)")
+    p.add_argument("--token", default=_env("TOKEN"),
+                   help="require 'authorization: Bearer TOKEN' on every call but health checks; "
+                        "also the Postgres endpoint's password (env FERN_TOKEN; default: off)")
+    p.add_argument("--max-request-inputs", type=int, default=_env_int("MAX_REQUEST_INPUTS", None),
+                   help="inputs one Embed call may carry (env FERN_MAX_REQUEST_INPUTS; "
+                        "default 8192; bigger jobs belong on EmbedStream)")
+    p.add_argument("--grace", type=float, default=float(_env("GRACE", "30")),
+                   help="seconds calls in flight get to finish on SIGTERM (env FERN_GRACE)")
+    p.add_argument("--pg-port", type=int, default=_env_int("PG_PORT", None),
+                   help="also answer the Postgres protocol (SELECT embed('…'), for dblink) on "
+                        "this port; needs --token (env FERN_PG_PORT; default: off)")
+    p.add_argument("--pg-host", default=_env("PG_HOST", None),
+                   help="address for the Postgres endpoint (env FERN_PG_HOST; default: --host)")
+    p.add_argument("--pg-worker-dsn", default=_env("PG_WORKER_DSN", None),
+                   help="also run a Postgres vectorizer worker against this database (env "
+                        "FERN_PG_WORKER_DSN; default: off)")
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"),
+                   help="logging level (env FERN_LOG_LEVEL; default %(default)s)")
+
+
+def _embed_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", dest="model_name", default="",
+                   help="which served model, by name (default: the sidecar's default)")
+    p.add_argument("--prompt", default=None, help="prompt name, e.g. query or passage")
+    p.add_argument("--lane", choices=("online", "batch"), default="online")
+    p.add_argument("--dimensions", type=int, default=0, help="Matryoshka truncation (0 = full)")
+    p.add_argument("--encoding", choices=("float32", "float16", "int8", "binary"), default="float32")
+    norm = p.add_mutually_exclusive_group()
+    norm.add_argument("--normalize", dest="normalize", action="store_true", default=None,
+                      help="L2-normalize (default: the model's choice)")
+    norm.add_argument("--no-normalize", dest="normalize", action="store_false")
+    p.add_argument("--no-truncate", action="store_true",
+                   help="reject inputs over the model's limit instead of cutting them")
+    p.add_argument("--sparse", action="store_true", help="also print sparse lexical vectors")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fern", description="Fern: a GPU embedding sidecar for vector databases.")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    verbs.required = True
+
+    p = verbs.add_parser("serve", help="run the sidecar (gRPC; optional Postgres endpoint and worker)")
+    _serve_args(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = verbs.add_parser("embed", help="embed texts and print JSON")
+    p.add_argument("texts", nargs="+", metavar="TEXT")
+    _client_args(p)
+    _embed_options(p)
+    p.add_argument("--local", action="store_true",
+                   help="run the engine in this process instead of calling a sidecar")
+    _model_args(p, "--model-dir")
+    p.set_defaults(func=cmd_embed)
+
+    p = verbs.add_parser("models", help="list the served models as JSON")
+    _client_args(p)
+    p.add_argument("--local", action="store_true", help="describe local model directories instead")
+    p.add_argument("--model-dir", action="append", dest="models", metavar="[NAME=]DIR",
+                   default=None, help="with --local: the model directories (default: the bundled one)")
+    p.set_defaults(func=cmd_models)
+
+    p = verbs.add_parser("demo", help="start the sidecar, run the Postgres and Qdrant demos, keep serving")
+    _serve_args(p)
+    p.add_argument("--exit", action="store_true", default=_env_bool("DEMO_EXIT"),
+                   help="stop after the demos instead of serving until Ctrl-C (env FERN_DEMO_EXIT=1)")
+    p.add_argument("--only", choices=("postgres", "qdrant"), action="append", default=None,
+                   help="run only these demos (repeatable)")
+    p.set_defaults(func=cmd_demo)
+
+    for module in ("adapters.postgres.cli", "adapters.qdrant.cli", "benchmarks.cli"):
+        _register(verbs, module)
+    return parser
+
+
+def _register(verbs: argparse._SubParsersAction, module: str) -> None:
+    """Let an adapter or the benchmarks add their verb (they may not be installed)."""
+    import importlib
+
+    try:
+        register = importlib.import_module(module).register
+    except ModuleNotFoundError as error:
+        if error.name and module.startswith(error.name):
+            return  # that part of Fern is not installed here
+        raise
+    register(verbs)
+
+
+# ----------------------------------------------------------------------------- serve
+
+def _scheduler_config(args: argparse.Namespace) -> Callable[[str], object]:
+    from sidecar.scheduler import SchedulerConfig
+
+    overrides = {field: getattr(args, field) for field in SCHEDULER_KNOBS.values()
+                 if getattr(args, field, None) is not None}
+    return lambda device_type: SchedulerConfig.for_device(device_type, **overrides)
+
+
+def load_registry(args: argparse.Namespace):
+    """The served models from `--model`/`--device`/… (the bundled model by default)."""
+    from sidecar.registry import ModelSource, Registry
+
+    sources = [ModelSource.parse(m) for m in (args.models or _env_models())]
+    return Registry.load(sources, device=args.device, dtype=args.dtype, attention=args.attention,
+                         cuda_graphs=not args.no_cuda_graphs,
+                         scheduler_config=_scheduler_config(args),
+                         tokenizer_workers=args.tokenizer_workers)
+
+
+class _PgWorkerRunner:
+    """The Postgres vectorizer worker as a background thread beside the sidecar."""
+
+    def __init__(self, dsn: str, target: str, token: str | None) -> None:
+        from adapters.postgres.worker import Worker, WorkerConfig
+
+        self._worker = Worker(WorkerConfig(dsn=dsn, target=target, progress=False))
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(asyncio.to_thread(self._worker.run))
+
+    async def stop(self) -> None:
+        self._worker.stop()
+        if self._task is not None:
+            await self._task
+
+
+async def run_sidecar(args: argparse.Namespace,
+                      after_start: Callable[[str], object] | None = None) -> int:
+    """Load the models, serve until SIGTERM/SIGINT (or until `after_start` returns False), drain."""
+    from sidecar.server import Sidecar
+
+    registry = await asyncio.to_thread(load_registry, args)
+    kwargs = {} if args.max_request_inputs is None else {"max_inputs": args.max_request_inputs}
+    sidecar = Sidecar(registry, host=args.host, port=args.port, token=args.token, **kwargs)
+    if args.pg_port is not None:
+        if not args.token:
+            raise SystemExit("fern: --pg-port needs --token (it is the Postgres endpoint's password)")
+        from sidecar.pgwire import PgWireServer
+
+        sidecar.extras.append(PgWireServer(sidecar.gateway, args.pg_host or args.host,
+                                           args.pg_port, args.token))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await sidecar.start()
+    if args.pg_worker_dsn:
+        worker = _PgWorkerRunner(args.pg_worker_dsn, sidecar.target, args.token)
+        sidecar.extras.insert(0, worker)
+        await worker.start()
+    names = ", ".join(s.name for s in sidecar.gateway.models())
+    devices = ", ".join(sorted({str(e.device) for m in registry for e in m.engines}))
+    print(f"fern: serving {names} on {sidecar.target} ({devices})", file=sys.stderr, flush=True)
+    for extra in sidecar.extras:
+        if hasattr(extra, "port"):
+            print(f"fern: Postgres endpoint on {extra.host}:{extra.port}", file=sys.stderr, flush=True)
+    if after_start is not None:
+        keep_serving = await asyncio.to_thread(after_start, sidecar.target)
+        if keep_serving is False:
+            stop.set()
+    await stop.wait()
+    print("fern: draining (calls in flight finish; new calls get UNAVAILABLE)", file=sys.stderr,
+          flush=True)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)  # a second Ctrl-C kills at once
+    await sidecar.stop(args.grace)
+    print("fern: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(run_sidecar(args))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from sidecar.demo import run_demos
+
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def demos(target: str) -> bool:
+        run_demos(target, token=args.token, only=args.only)
+        if args.exit:
+            return False
+        print(f"fern: demo done; the sidecar keeps serving on {target} (Ctrl-C to stop)",
+              file=sys.stderr, flush=True)
+        return True
+
+    return asyncio.run(run_sidecar(args, after_start=demos))
+
+
+# ----------------------------------------------------------------------------- embed / models
+
+def _result_json(e) -> dict:
+    """An Embeddings (client) as JSON-ready data."""
+    out = {"model": e.model, "dimensions": e.dimensions, "encoding": e.encoding,
+           "token_counts": [int(c) for c in e.token_counts], "vectors": e.vectors.tolist()}
+    if e.sparse is not None:
+        out["sparse"] = [{"indices": s.indices.tolist(), "values": s.values.tolist()} for s in e.sparse]
+    return out
+
+
+def _local_embed(args: argparse.Namespace) -> dict:
+    from sidecar.gateway import EmbedParams, Gateway
+    from sidecar.scheduler import Lane
+
+    async def run() -> dict:
+        registry = await asyncio.to_thread(load_registry, args)
+        await registry.start()
+        try:
+            gateway = Gateway(registry)
+            r = await gateway.embed(EmbedParams(
+                texts=args.texts, model=args.model_name, lane=Lane[args.lane.upper()],
+                prompt_name=args.prompt or "", normalize=args.normalize,
+                truncate=not args.no_truncate, dimensions=args.dimensions,
+                encoding=args.encoding, return_sparse=args.sparse))
+        finally:
+            await registry.drain()
+            registry.close()
+        out = {"model": r.model, "dimensions": r.dimensions, "encoding": r.encoding,
+               "token_counts": list(r.token_counts), "vectors": r.vectors.tolist()}
+        if r.sparse is not None:
+            out["sparse"] = [{"indices": i.tolist(), "values": v.tolist()} for i, v in r.sparse]
+        return out
+
+    return asyncio.run(run())
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    from sidecar.client import FernClient, FernError
+    from sidecar.errors import EmbedError
+
+    try:
+        if args.local:
+            out = _local_embed(args)
+        else:
+            with FernClient(args.target, token=args.token, timeout=args.timeout) as client:
+                out = _result_json(client.embed(
+                    args.texts, model=args.model_name, lane=args.lane, prompt=args.prompt,
+                    normalize=args.normalize, truncate=not args.no_truncate,
+                    dimensions=args.dimensions, encoding=args.encoding, sparse=args.sparse))
+    except (FernError, EmbedError) as error:
+        print(f"fern embed: {error.code.name}: {error.message}", file=sys.stderr)
+        return 1
+    json.dump(out, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from sidecar.client import FernClient, FernError
+
+    if args.local:
+        from core_engine.config import load_spec
+        from core_engine.loader import default_model_dir
+        from sidecar.registry import ModelSource
+
+        out = []
+        for text in args.models or _env_models() or ["default"]:
+            source = ModelSource.parse(text)
+            spec = load_spec(source.path or default_model_dir(), source.name)
+            out.append({"name": spec.name, "dimensions": spec.dimensions,
+                        "max_tokens": spec.max_tokens, "pooling": spec.pooling,
+                        "prompts": spec.prompts, "default_prompt_name": spec.default_prompt_name or "",
+                        "normalize": spec.normalize,
+                        "matryoshka_dimensions": list(spec.matryoshka_dimensions),
+                        "vocab_size": spec.vocab_size, "distance": spec.distance,
+                        "native_int8": spec.native_int8, "path": str(spec.path)})
+    else:
+        try:
+            with FernClient(args.target, token=args.token, timeout=args.timeout) as client:
+                out = [asdict(m) for m in client.list_models()]
+        except FernError as error:
+            print(f"fern models: {error.code.name}: {error.message}", file=sys.stderr)
+            return 1
+    json.dump(out, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `fern` console script."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,254 @@
+"""The gateway: validates a request, applies the prompt template, tokenizes, splits, schedules, encodes.
+
+Every caller of the engine goes through `Gateway.embed` (the gRPC server, the
+Postgres-protocol endpoint, `fern embed --local`), so they all get the same checks and
+the same error messages. Errors are `EmbedError`s whose message names the input
+(``texts[3]: empty text``).
+
+A request is tokenized in parallel slices on the tokenizer's worker threads (never on the
+event loop, so steps keep flowing to the GPU meanwhile) and handed to the scheduler in
+chunks of at most CHUNK_TEXTS inputs and never more tokens than the lane may queue. The
+first chunk of a unary request meets the lane's bound as it is (RESOURCE_EXHAUSTED when
+full); later chunks of an admitted request wait their turn for room, so a big request
+flows through bounded queues instead of failing half way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from core_engine.postprocess import finalize
+from sidecar.errors import EmbedError, deadline_exceeded, invalid_argument, resource_exhausted, unavailable
+from sidecar.registry import Registry, ServedModel
+from sidecar.scheduler import DeadlineExceeded, Draining, Lane, QueueFull
+from sidecar.sparse import sparse_vector
+
+ENCODINGS = ("float32", "float16", "int8", "binary")
+# Inputs one request may carry; bigger jobs belong on EmbedStream (bounded memory both sides).
+MAX_INPUTS = 8192
+# Inputs per scheduler chunk.
+CHUNK_TEXTS = 256
+# Prompt names every model accepts: where the model defines no such prompt, they add no text,
+# so callers (adapters) can always say what the input is without knowing the model.
+GENERIC_PROMPTS = ("query", "passage", "document")
+
+
+@dataclass(frozen=True)
+class EmbedParams:
+    """One embedding request, as every front end (gRPC, pgwire, CLI) describes it.
+
+    Exactly one of `texts` and `token_ids` is non-empty. `model` "" is the default model;
+    `prompt_name` "" the model's default prompt; `normalize` None the model's default;
+    `dimensions` 0 the full dimension; `deadline` is a time.monotonic() instant or None.
+    """
+
+    texts: Sequence[str] = ()
+    token_ids: Sequence[Sequence[int]] = ()
+    model: str = ""
+    lane: Lane = Lane.ONLINE
+    prompt_name: str = ""
+    normalize: bool | None = None
+    truncate: bool = True
+    dimensions: int = 0
+    encoding: str = "float32"
+    return_sparse: bool = False
+    deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class EmbedResult:
+    """Encoded vectors [N, cols] in input order ('<f4', '<f2', int8, or packbits uint8 rows)."""
+
+    model: str
+    vectors: np.ndarray
+    dimensions: int
+    encoding: str
+    token_counts: list[int]
+    sparse: list[tuple[np.ndarray, np.ndarray]] | None = None
+
+
+@dataclass
+class PreparedRequest:
+    """A validated, tokenized request, ready for the scheduler."""
+
+    params: EmbedParams
+    served: ServedModel
+    sequences: list[list[int]]
+    dimensions: int
+    normalize: bool
+    sparse_ids: list[list[int]] | None = field(default=None, repr=False)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s) for s in self.sequences)
+
+
+class Gateway:
+    """Front door to the engines: `await gateway.embed(EmbedParams(texts=[...]))`."""
+
+    def __init__(self, registry: Registry, *, max_inputs: int = MAX_INPUTS,
+                 chunk_texts: int = CHUNK_TEXTS) -> None:
+        self.registry = registry
+        self.max_inputs = max_inputs
+        self.chunk_texts = chunk_texts
+        self.draining = False
+
+    @property
+    def default_model(self) -> str:
+        return self.registry.default_model
+
+    def models(self) -> list:
+        """The ModelSpecs served, the default first."""
+        return self.registry.specs()
+
+    async def embed(self, params: EmbedParams) -> EmbedResult:
+        """Validate, tokenize, schedule and encode one request; raises EmbedError."""
+        prepared = await self.prepare(params)
+        return await self.execute(prepared)
+
+    async def prepare(self, params: EmbedParams) -> PreparedRequest:
+        """Everything before the scheduler: validation, prompt template, tokenization."""
+        if self.draining:
+            raise unavailable("the sidecar is draining for shutdown; retry on another replica")
+        served = self.registry.get(params.model)
+        spec = served.spec
+        dimensions, normalize = self._check_options(params, spec)
+        texts, token_ids = params.texts, params.token_ids
+        if len(texts) and len(token_ids):
+            raise invalid_argument("request: both texts and token_ids are set; send one of them")
+        count = len(texts) or len(token_ids)
+        if count == 0:
+            raise invalid_argument("request: no inputs (texts and token_ids are both empty)")
+        if count > self.max_inputs:
+            raise invalid_argument(
+                f"request: {count} inputs exceeds the limit of {self.max_inputs} per request; "
+                "split it or use EmbedStream")
+        tokenizer = served.tokenizer
+        sparse_ids = None
+        if len(texts):
+            for i, text in enumerate(texts):
+                if not text:
+                    raise invalid_argument(f"texts[{i}]: empty text", i)
+            prompt = self._prompt_text(params.prompt_name, spec)
+            templated = [prompt + t for t in texts] if prompt else list(texts)
+            sequences = await tokenizer.encode_async(templated, truncate=params.truncate)
+            if params.return_sparse:
+                sparse_ids = await tokenizer.encode_plain_async(list(texts))
+        else:
+            sequences = self._check_token_ids(token_ids, spec, params.truncate, tokenizer)
+            if params.return_sparse:
+                sparse_ids = sequences
+        return PreparedRequest(params, served, sequences, dimensions, normalize, sparse_ids)
+
+    async def wait_for_room(self, prepared: PreparedRequest) -> None:
+        """Wait until the lane can queue the request's first chunk (stream flow control)."""
+        chunk = self._chunks(prepared)[0]
+        try:
+            await prepared.served.scheduler.wait_for_room(
+                prepared.params.lane, sum(len(s) for s in prepared.sequences[chunk]))
+        except (QueueFull, Draining, DeadlineExceeded) as error:
+            raise _scheduler_error(error, prepared.params.lane) from None
+
+    async def execute(self, prepared: PreparedRequest, *, wait_first: bool = False) -> EmbedResult:
+        """Schedule a prepared request in chunks and encode the vectors.
+
+        `wait_first`: wait for room before the first chunk too, instead of failing with
+        RESOURCE_EXHAUSTED (streams, whose reader already waited, use it against races).
+        """
+        params, served = prepared.params, prepared.served
+        chunks = self._chunks(prepared)
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = []
+                for n, chunk in enumerate(chunks):
+                    tasks.append(group.create_task(served.scheduler.embed(
+                        prepared.sequences[chunk], params.lane, params.deadline,
+                        wait=n > 0 or wait_first)))
+                    # Let the scheduler admit this chunk (or refuse it) before the next one.
+                    await asyncio.sleep(0)
+        except* (QueueFull, Draining, DeadlineExceeded) as group_error:
+            raise _scheduler_error(group_error.exceptions[0], params.lane) from None
+        pooled = tasks[0].result() if len(tasks) == 1 else np.concatenate([t.result() for t in tasks])
+        vectors = finalize(pooled, dimensions=prepared.dimensions, normalize=prepared.normalize,
+                           encoding=params.encoding, native_int8=served.spec.native_int8)
+        sparse = None
+        if prepared.sparse_ids is not None:
+            special = served.tokenizer.special_ids
+            sparse = [sparse_vector(ids, special) for ids in prepared.sparse_ids]
+        return EmbedResult(model=served.spec.name, vectors=vectors, dimensions=prepared.dimensions,
+                           encoding=params.encoding,
+                           token_counts=[len(s) for s in prepared.sequences], sparse=sparse)
+
+    def _chunks(self, prepared: PreparedRequest) -> list[slice]:
+        """Slices of the request's sequences: ≤ chunk_texts inputs and ≤ the lane's queue bound."""
+        limit = prepared.served.scheduler.config.bound(prepared.params.lane)
+        chunks, start, tokens = [], 0, 0
+        for i, seq in enumerate(prepared.sequences):
+            if i > start and (i - start >= self.chunk_texts or tokens + len(seq) > limit):
+                chunks.append(slice(start, i))
+                start, tokens = i, 0
+            tokens += len(seq)
+        chunks.append(slice(start, len(prepared.sequences)))
+        return chunks
+
+    @staticmethod
+    def _check_options(params: EmbedParams, spec) -> tuple[int, bool]:
+        if params.encoding not in ENCODINGS:
+            raise invalid_argument(f"encoding: {params.encoding!r} is not one of {', '.join(ENCODINGS)}")
+        if not isinstance(params.lane, Lane):
+            raise invalid_argument(f"lane: unknown lane {params.lane!r}")
+        if params.dimensions < 0 or params.dimensions > spec.dimensions:
+            raise invalid_argument(f"dimensions: {params.dimensions} is outside 1..{spec.dimensions} "
+                                   f"for model {spec.name!r} (0 means the full {spec.dimensions})")
+        dimensions = params.dimensions or spec.dimensions
+        normalize = spec.normalize if params.normalize is None else params.normalize
+        return dimensions, normalize
+
+    @staticmethod
+    def _prompt_text(name: str, spec) -> str:
+        if not name:
+            default = spec.default_prompt_name
+            return spec.prompts.get(default, "") if default else ""
+        if name in spec.prompts:
+            return spec.prompts[name]
+        if name in GENERIC_PROMPTS:
+            return ""
+        known = ", ".join(sorted({*spec.prompts, *GENERIC_PROMPTS}))
+        raise invalid_argument(f"prompt_name: {name!r} is not a prompt of model {spec.name!r} "
+                               f"(known: {known})")
+
+    @staticmethod
+    def _check_token_ids(token_ids: Sequence[Sequence[int]], spec, truncate: bool,
+                         tokenizer) -> list[list[int]]:
+        vocab = spec.vocab_size
+        sequences = []
+        for i, ids in enumerate(token_ids):
+            ids = list(ids)
+            if not ids:
+                raise invalid_argument(f"token_ids[{i}]: no token ids", i)
+            bad = next((t for t in ids if t < 0 or t >= vocab), None)
+            if bad is not None:
+                raise invalid_argument(f"token_ids[{i}]: token id {bad} is outside the vocabulary "
+                                       f"of model {spec.name!r} (0..{vocab - 1})", i)
+            if len(ids) > spec.max_tokens:
+                if not truncate:
+                    raise invalid_argument(
+                        f"token_ids[{i}]: {len(ids)} tokens exceeds the model's limit of "
+                        f"{spec.max_tokens} tokens (truncation is TRUNCATION_ERROR)", i)
+                ids = tokenizer.truncate_ids(ids)
+            sequences.append(ids)
+        return sequences
+
+
+
+def _scheduler_error(error: Exception, lane: Lane) -> EmbedError:
+    """The status a caller sees for the scheduler's refusals."""
+    if isinstance(error, QueueFull):
+        return resource_exhausted(f"the {lane.name} lane's queue is full, retry with backoff ({error})")
+    if isinstance(error, Draining):
+        return unavailable("the sidecar is draining for shutdown; retry on another replica")
+    return deadline_exceeded("the deadline passed before the request reached the GPU")

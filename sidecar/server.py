@@ -1,0 +1,373 @@
+"""The gRPC server: fern.v1.Embedder over the gateway, plus grpc.health.v1, reflection, auth and drain.
+
+`Sidecar` is the composable unit: give it a loaded `Registry`, `await start()`, and its
+`gateway` is what other front ends (the Postgres-protocol endpoint, in-process callers)
+share. `await stop()` drains: health goes NOT_SERVING, new calls get UNAVAILABLE, calls
+in flight finish, the schedulers empty, then the server closes.
+
+Vectors travel as one packed little-endian buffer per response. Errors are gRPC status
+codes whose message names the input; on unary calls the input's index is also in the
+trailing metadata (`fern-input-index`). In EmbedStream a bad request comes back as a
+response with `error` set, and the stream goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import grpc
+import grpc.aio
+import numpy as np
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from sidecar.errors import INPUT_INDEX_KEY, EmbedError, invalid_argument, unavailable
+from sidecar.gateway import EmbedParams, EmbedResult, Gateway, PreparedRequest
+from sidecar.registry import Registry
+from sidecar.scheduler import Lane
+from sidecar.wire import embedder_pb2 as pb
+from sidecar.wire import embedder_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Embedder"].full_name  # "fern.v1.Embedder"
+# A request of MAX_INPUTS long texts, or a response of MAX_INPUTS 4096-dim float32 vectors
+# (128 MiB), fits; bigger jobs belong on EmbedStream.
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+# Requests one EmbedStream may have read but not yet answered: with the scheduler's
+# queue bounds, this keeps a stream's memory bounded even when its client reads slowly.
+STREAM_WINDOW = 64
+DEFAULT_GRACE_S = 30.0
+
+_ENCODINGS = {pb.ENCODING_FLOAT32: "float32", pb.ENCODING_FLOAT16: "float16",
+              pb.ENCODING_INT8: "int8", pb.ENCODING_BINARY: "binary"}
+_ENCODING_NUMBERS = {name: number for number, name in _ENCODINGS.items()}
+_TRUNCATIONS = {pb.TRUNCATION_END: True, pb.TRUNCATION_ERROR: False}
+_LITTLE = {"float32": "<f4", "float16": "<f2", "int8": "i1", "binary": "u1"}
+
+
+def params_from_request(request: pb.EmbedRequest, deadline: float | None) -> EmbedParams:
+    """The gateway's view of a wire request; unknown enum numbers are INVALID_ARGUMENT."""
+    try:
+        lane = Lane(request.lane)
+    except ValueError:
+        raise invalid_argument(f"lane: unknown value {request.lane}") from None
+    if request.encoding not in _ENCODINGS:
+        raise invalid_argument(f"encoding: unknown value {request.encoding}")
+    if request.truncation not in _TRUNCATIONS:
+        raise invalid_argument(f"truncation: unknown value {request.truncation}")
+    return EmbedParams(
+        texts=request.texts,
+        token_ids=[t.ids for t in request.token_ids],
+        model=request.model,
+        lane=lane,
+        prompt_name=request.prompt_name,
+        normalize=request.normalize if request.HasField("normalize") else None,
+        truncate=_TRUNCATIONS[request.truncation],
+        dimensions=request.dimensions,
+        encoding=_ENCODINGS[request.encoding],
+        return_sparse=request.return_sparse,
+        deadline=deadline,
+    )
+
+
+def response_from_result(request_id: str, result: EmbedResult) -> pb.EmbedResponse:
+    """One packed little-endian buffer for all rows; sparse vectors as repeated fields."""
+    vectors = np.ascontiguousarray(result.vectors, dtype=_LITTLE[result.encoding])
+    response = pb.EmbedResponse(
+        request_id=request_id,
+        model=result.model,
+        count=vectors.shape[0],
+        dimensions=result.dimensions,
+        encoding=_ENCODING_NUMBERS[result.encoding],
+        vectors=vectors.tobytes(),
+        token_counts=result.token_counts,
+    )
+    if result.sparse is not None:
+        response.sparse.extend(pb.SparseVector(indices=indices.tolist(), values=values.tolist())
+                               for indices, values in result.sparse)
+    return response
+
+
+def model_info(spec) -> pb.ModelInfo:
+    """A ModelSpec as ListModels describes it."""
+    return pb.ModelInfo(
+        name=spec.name,
+        dimensions=spec.dimensions,
+        max_tokens=spec.max_tokens,
+        pooling=spec.pooling,
+        prompts=[pb.Prompt(name=k, text=v) for k, v in spec.prompts.items()],
+        default_prompt_name=spec.default_prompt_name or "",
+        normalize=spec.normalize,
+        matryoshka_dimensions=list(spec.matryoshka_dimensions),
+        vocab_size=spec.vocab_size,
+        distance=spec.distance,
+        native_int8=spec.native_int8,
+    )
+
+
+def _deadline(context: grpc.aio.ServicerContext) -> float | None:
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
+def _internal(error: BaseException) -> EmbedError:
+    log.exception("internal error while embedding", exc_info=error)
+    return EmbedError(grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}")
+
+
+def _error_response(request_id: str, error: EmbedError) -> pb.EmbedResponse:
+    return pb.EmbedResponse(request_id=request_id, error=pb.Error(
+        code=error.code.value[0], message=error.message,
+        index=-1 if error.index is None else error.index))
+
+
+class EmbedderService(pb_grpc.EmbedderServicer):
+    """fern.v1.Embedder on top of a Gateway."""
+
+    def __init__(self, gateway: Gateway, *, stream_window: int = STREAM_WINDOW) -> None:
+        self.gateway = gateway
+        self.stream_window = stream_window
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._draining = asyncio.Event()
+
+    @contextlib.contextmanager
+    def _tracked(self):
+        self._active += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._active -= 1
+            if self._active == 0:
+                self._idle.set()
+
+    def begin_drain(self) -> None:
+        """Refuse new work; streams stop reading and end once their requests are answered."""
+        self.gateway.draining = True
+        self._draining.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait for calls in flight to finish; False when `timeout` passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
+        with self._tracked():
+            try:
+                params = params_from_request(request, _deadline(context))
+                result = await self.gateway.embed(params)
+            except EmbedError as error:
+                await _abort(context, error)
+            except Exception as error:  # anything else is our bug: say so, keep serving
+                await _abort(context, _internal(error))
+            return response_from_result(request.request_id, result)
+
+    async def EmbedStream(self, request_iterator: AsyncIterator[pb.EmbedRequest],
+                          context: grpc.aio.ServicerContext) -> None:
+        with self._tracked():
+            deadline = _deadline(context)
+            # Each request read gets exactly one response; the window bounds read-but-unanswered.
+            window = asyncio.Semaphore(self.stream_window)
+            responses: asyncio.Queue = asyncio.Queue()
+            reading_over = object()
+            counts = {"read": 0, "written": 0}
+            stopped_by_drain = False
+
+            async def answer(request_id: str, prepared: PreparedRequest) -> None:
+                try:
+                    result = await self.gateway.execute(prepared, wait_first=True)
+                    response = response_from_result(request_id, result)
+                except EmbedError as error:
+                    response = _error_response(request_id, error)
+                except Exception as error:  # our bug: report it on this request, keep the stream
+                    response = _error_response(request_id, _internal(error))
+                responses.put_nowait(response)
+
+            async def read(group: asyncio.TaskGroup) -> None:
+                nonlocal stopped_by_drain
+                iterator = aiter(request_iterator)
+                try:
+                    while True:
+                        await window.acquire()
+                        request = await self._next_or_drain(iterator)
+                        if request is None:
+                            stopped_by_drain = self._draining.is_set()
+                            return
+                        counts["read"] += 1
+                        try:
+                            params = params_from_request(request, deadline)
+                            prepared = await self.gateway.prepare(params)
+                            # Flow control: leave later requests unread (in gRPC's window, then
+                            # the client's) until the lane can queue this one.
+                            await self.gateway.wait_for_room(prepared)
+                        except EmbedError as error:
+                            responses.put_nowait(_error_response(request.request_id, error))
+                            continue
+                        group.create_task(answer(request.request_id, prepared))
+                finally:
+                    responses.put_nowait(reading_over)
+
+            async with asyncio.TaskGroup() as group:
+                group.create_task(read(group))
+                reading = True
+                while reading or counts["written"] < counts["read"]:
+                    item = await responses.get()
+                    if item is reading_over:
+                        reading = False
+                        continue
+                    await context.write(item)
+                    counts["written"] += 1
+                    window.release()
+            if stopped_by_drain:
+                await _abort(context, unavailable(
+                    "the sidecar is draining for shutdown; requests not answered on this stream "
+                    "were not read: resend them to another replica"))
+
+    async def _next_or_drain(self, iterator) -> pb.EmbedRequest | None:
+        """The next request, or None at the end of the stream or when the sidecar drains."""
+        if self._draining.is_set():
+            return None
+        read = asyncio.ensure_future(anext(iterator, None))
+        drain = asyncio.ensure_future(self._draining.wait())
+        try:
+            await asyncio.wait({read, drain}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            drain.cancel()
+        if read.done():
+            return read.result()
+        read.cancel()
+        return None
+
+    async def ListModels(self, request: pb.ListModelsRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
+        return pb.ListModelsResponse(models=[model_info(s) for s in self.gateway.models()],
+                                     default_model=self.gateway.default_model)
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: EmbedError) -> None:
+    metadata = () if error.index is None else ((INPUT_INDEX_KEY, str(error.index)),)
+    await context.abort(error.code, error.message, metadata)
+
+
+class TokenAuth(grpc.aio.ServerInterceptor):
+    """Requires `authorization: Bearer <token>` metadata on every call but health checks."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(self, continuation: Callable[..., Awaitable],
+                                details: grpc.HandlerCallDetails):
+        handler = await continuation(details)
+        if handler is None or details.method.startswith("/grpc.health.v1.Health/"):
+            return handler
+        given = dict(details.invocation_metadata or ()).get("authorization", "")
+        if hmac.compare_digest(given.encode() if isinstance(given, str) else given, self._expected):
+            return handler
+        return _denied(handler)
+
+
+def _denied(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    message = "missing or wrong token: send metadata 'authorization: Bearer <token>' (fern serve --token)"
+
+    async def deny(request_or_iterator, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    kinds = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    make = kinds[(handler.request_streaming, handler.response_streaming)]
+    return make(deny, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+
+
+class Sidecar:
+    """The sidecar's gRPC face: `await Sidecar(registry).start()`, later `await stop()`.
+
+    `port` 0 binds a free port (read `.port` after start). `token` turns on shared-secret
+    auth. `extras` are other front ends sharing the gateway (objects with async
+    start()/stop(), e.g. the Postgres-protocol endpoint); they start after the gRPC
+    server and stop first on drain.
+    """
+
+    def __init__(self, registry: Registry, *, host: str = "127.0.0.1", port: int = 50051,
+                 token: str | None = None, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 stream_window: int = STREAM_WINDOW, max_inputs: int | None = None) -> None:
+        self.registry = registry
+        self.host = host
+        self.port = port
+        self.token = token or None
+        self.gateway = Gateway(registry) if max_inputs is None else Gateway(registry, max_inputs=max_inputs)
+        self.service = EmbedderService(self.gateway, stream_window=stream_window)
+        self.health = health.aio.HealthServicer()
+        self.extras: list = []
+        self._max_message_bytes = max_message_bytes
+        self._server: grpc.aio.Server | None = None
+        self._stopped = asyncio.Event()
+        self._stopping = False
+
+    @property
+    def target(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    async def start(self) -> None:
+        """Start the schedulers, bind and start the server, then report SERVING."""
+        await self.registry.start()
+        interceptors = [TokenAuth(self.token)] if self.token else []
+        options = [("grpc.max_send_message_length", self._max_message_bytes),
+                   ("grpc.max_receive_message_length", self._max_message_bytes),
+                   ("grpc.so_reuseport", 0)]
+        server = grpc.aio.server(interceptors=interceptors, options=options)
+        pb_grpc.add_EmbedderServicer_to_server(self.service, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME), server)
+        bound = server.add_insecure_port(f"{self.host}:{self.port}")
+        if bound == 0:
+            raise OSError(f"could not bind {self.host}:{self.port} (in use, or not a local address?)")
+        self.port = bound
+        await server.start()
+        self._server = server
+        for extra in self.extras:
+            await extra.start()
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info("fern sidecar serving %s on %s", ", ".join(s.name for s in self.gateway.models()),
+                 self.target)
+
+    async def stop(self, grace: float = DEFAULT_GRACE_S) -> None:
+        """Drain and stop: NOT_SERVING, refuse new calls, finish calls in flight, close."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        await self.health.enter_graceful_shutdown()
+        self.service.begin_drain()
+        for extra in reversed(self.extras):
+            await extra.stop()
+        started = time.monotonic()
+        if not await self.service.wait_idle(grace):
+            log.warning("calls still running after %.1fs of drain; cancelling them", grace)
+        await self.registry.drain()
+        if self._server is not None:
+            await self._server.stop(max(0.0, grace - (time.monotonic() - started)))
+        self.registry.close()
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
