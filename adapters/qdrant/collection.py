@@ -85,7 +85,11 @@ def collection_layout(client: QdrantClient, collection: str) -> CollectionLayout
     For a collection made elsewhere: the dense vector is the one named "dense" or the only
     named one, the sparse vector "sparse" if present, the model the sidecar's default.
     """
-    config = client.get_collection(collection).config
+    return layout_from_config(collection, client.get_collection(collection).config)
+
+
+def layout_from_config(collection: str, config: models.CollectionConfig) -> CollectionLayout:
+    """collection_layout's reading of an already fetched collection config."""
     stored = (config.metadata or {}).get(_METADATA_KEY)
     if isinstance(stored, dict) and stored.get("dense"):
         return CollectionLayout(model=stored.get("model") or "", dense=stored["dense"],

@@ -2,10 +2,44 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from qdrant_client import QdrantClient, models
 
 from adapters.qdrant.collection import CollectionLayout
-from sidecar.client import FernClient
+from sidecar.client import Embeddings, FernClient
+
+
+def check_search(collection: str, text: str, k: int, hybrid: bool,
+                 layout: CollectionLayout) -> None:
+    """Errors a caller can cause, named before anything is sent."""
+    if not text:
+        raise ValueError("search text is empty")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if hybrid and layout.sparse is None:
+        raise ValueError(f"collection {collection!r} has no sparse vector; "
+                         f"use hybrid=False or recreate it with a sparse vector")
+
+
+def query_arguments(emb: Embeddings, layout: CollectionLayout, k: int,
+                    filter: models.Filter | None, hybrid: bool, prefetch_limit: int | None,
+                    with_payload: bool | list[str]) -> dict[str, Any]:
+    """query_points keyword arguments for the query's embedding (first row of `emb`)."""
+    dense = emb.vectors[0].astype("float32", copy=False).tolist()
+    if not hybrid:
+        return dict(query=dense, using=layout.dense, query_filter=filter, limit=k,
+                    with_payload=with_payload)
+    lexical = emb.sparse[0]
+    depth = prefetch_limit or max(4 * k, 20)
+    prefetch = [
+        models.Prefetch(query=dense, using=layout.dense, filter=filter, limit=depth),
+        models.Prefetch(query=models.SparseVector(indices=lexical.indices.tolist(),
+                                                  values=lexical.values.tolist()),
+                        using=layout.sparse, filter=filter, limit=depth),
+    ]
+    return dict(prefetch=prefetch, query=models.FusionQuery(fusion=models.Fusion.RRF),
+                query_filter=filter, limit=k, with_payload=with_payload)
 
 
 def search(client: QdrantClient, fern: FernClient, collection: str, text: str, k: int = 10,
@@ -19,27 +53,7 @@ def search(client: QdrantClient, fern: FernClient, collection: str, text: str, k
     lexical one, each `prefetch_limit` deep, default max(4k, 20)) fused by reciprocal
     rank fusion; the filter applies to both. hybrid=False: dense nearest neighbours.
     """
-    if not text:
-        raise ValueError("search text is empty")
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
-    if hybrid and layout.sparse is None:
-        raise ValueError(f"collection {collection!r} has no sparse vector; "
-                         f"use hybrid=False or recreate it with a sparse vector")
+    check_search(collection, text, k, hybrid, layout)
     emb = fern.embed([text], model=layout.model, lane="online", prompt=prompt, sparse=hybrid)
-    dense = emb.vectors[0].astype("float32", copy=False).tolist()
-    if not hybrid:
-        return client.query_points(collection, query=dense, using=layout.dense,
-                                   query_filter=filter, limit=k,
-                                   with_payload=with_payload).points
-    lexical = emb.sparse[0]
-    depth = prefetch_limit or max(4 * k, 20)
-    prefetch = [
-        models.Prefetch(query=dense, using=layout.dense, filter=filter, limit=depth),
-        models.Prefetch(query=models.SparseVector(indices=lexical.indices.tolist(),
-                                                  values=lexical.values.tolist()),
-                        using=layout.sparse, filter=filter, limit=depth),
-    ]
-    return client.query_points(collection, prefetch=prefetch,
-                               query=models.FusionQuery(fusion=models.Fusion.RRF),
-                               query_filter=filter, limit=k, with_payload=with_payload).points
+    return client.query_points(collection, **query_arguments(
+        emb, layout, k, filter, hybrid, prefetch_limit, with_payload)).points
