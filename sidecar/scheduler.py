@@ -1,0 +1,676 @@
+"""Two-lane token-budget scheduler: packs queued sequences into engine steps, one thread per engine.
+
+ONLINE (queries) has strict priority; BATCH (ingest) fills what is left of each step's
+token budget. Each engine gets a worker thread that pipelines: while step N runs, it
+builds step N+1 (`engine.prepare`, CPU only), then collects N through its handle and
+launches N+1. Results reach the asyncio loop with `call_soon_threadsafe`; the loop never
+waits on an engine. Queues are bounded in tokens (QueueFull, or `wait_for_room` for
+streams), and cancelled or expired work is dropped before it is sent to an engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from sidecar.lanes import Chunk, Lane, LaneQueue, Request
+
+log = logging.getLogger(__name__)
+
+# While a step runs with nothing queued, a worker wakes this often to see whether it has
+# finished; new work wakes it at once. 0.2 ms is small next to a ~1 ms GPU step.
+_POLL_S = 0.0002
+_FAILED = object()  # what an engine call returns here when it raised (its step was failed)
+
+__all__ = [
+    "Draining",
+    "DeadlineExceeded",
+    "EngineLike",
+    "EngineStats",
+    "Lane",
+    "LaneStats",
+    "QueueFull",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerStats",
+]
+
+
+class QueueFull(Exception):
+    """The lane's queue has no room for the request (gRPC RESOURCE_EXHAUSTED)."""
+
+
+class Draining(Exception):
+    """The scheduler is shutting down and accepts no new work (gRPC UNAVAILABLE)."""
+
+
+class DeadlineExceeded(Exception):
+    """The request's deadline passed before all its sequences ran (gRPC DEADLINE_EXCEEDED)."""
+
+
+class EngineLike(Protocol):
+    """What the scheduler needs from an engine (core_engine.Engine or a test stand-in)."""
+
+    spec: Any  # has .dimensions
+
+    def prepare(self, sequences: Sequence[Sequence[int]]) -> Any: ...
+
+    def step(self, prepared: Any) -> Any: ...  # a handle with .done() and .result()
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Step budgets and queue bounds, in tokens.
+
+    Defaults are for a GPU with a small encoder (MiniLM-class). The GPU's throughput is
+    flat above about 512 tokens a step, so budgets are chosen for latency, not
+    throughput: a BATCH step of 8,192 tokens runs in about 1 ms on an H200 (8.3 M
+    tokens/s packed), which bounds how long an arriving online request waits for the
+    step in flight; and a step that carries ONLINE work is capped at 2,048 tokens
+    (online first, then batch fill) so the query's own step is short. `for_device("cpu")`
+    gives budgets sized for a CPU, where a token costs ~1,000x more.
+    """
+
+    max_step_tokens: int = 8192  # budget of a step (pure BATCH, or ONLINE alone)
+    online_step_tokens: int = 2048  # cap of a step that carries ONLINE work plus batch fill
+    max_step_sequences: int = 1024  # sequence slots in one step
+    max_queued_tokens_online: int = 65_536  # ONLINE backlog before QueueFull
+    max_queued_tokens_batch: int = 262_144  # BATCH backlog before QueueFull / stream waits
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_step_tokens",
+            "online_step_tokens",
+            "max_step_sequences",
+            "max_queued_tokens_online",
+            "max_queued_tokens_batch",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"SchedulerConfig.{name} must be a positive integer, got {value!r}")
+        if self.online_step_tokens > self.max_step_tokens:
+            raise ValueError(
+                f"SchedulerConfig.online_step_tokens ({self.online_step_tokens}) must not exceed "
+                f"max_step_tokens ({self.max_step_tokens})"
+            )
+
+    @classmethod
+    def for_device(cls, device_type: str, **overrides: int) -> SchedulerConfig:
+        """Defaults for an engine on `device_type` ("cuda" or "cpu"), with overrides."""
+        if device_type == "cpu":
+            # ~10-20 k tokens/s on a few cores: 1,024 tokens is a ~50-100 ms step.
+            base = dict(
+                max_step_tokens=1024,
+                online_step_tokens=256,
+                max_step_sequences=256,
+                max_queued_tokens_online=16_384,
+                max_queued_tokens_batch=65_536,
+            )
+        else:
+            base = {}
+        base.update(overrides)
+        return cls(**base)
+
+    def bound(self, lane: Lane) -> int:
+        return self.max_queued_tokens_online if lane == Lane.ONLINE else self.max_queued_tokens_batch
+
+
+@dataclass(frozen=True)
+class LaneStats:
+    """A lane's queue depth and how its requests fared, for metrics."""
+
+    queued_tokens: int
+    queued_requests: int
+    max_queued_tokens: int  # the configured bound
+    high_water_tokens: int  # the most tokens ever queued at once
+    admitted: int
+    rejected: int  # QueueFull
+    cancelled: int
+    expired: int
+    completed: int
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """One engine's work so far."""
+
+    device: str
+    steps: int
+    tokens: int
+    sequences: int
+    inflight_tokens: int
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """Counters for metrics: lanes, engines, totals."""
+
+    online: LaneStats
+    batch: LaneStats
+    engines: tuple[EngineStats, ...]
+    steps: int
+    tokens: int
+    draining: bool
+
+
+@dataclass(eq=False)
+class _Step:
+    """The chunks one engine step carries, in the order of `sequences`."""
+
+    chunks: list[Chunk]
+    sequences: list[Sequence[int]]
+    tokens: int
+    has_online: bool
+
+
+@dataclass(eq=False)
+class _Waiter:
+    """An asyncio task waiting for room in a lane; `request` is set when it waits to be admitted."""
+
+    lane: Lane
+    tokens: int
+    future: asyncio.Future
+    request: Request | None = None
+
+
+class _Worker:
+    """One engine, its thread, and its load (tokens composed and not yet delivered)."""
+
+    def __init__(self, index: int, engine: EngineLike) -> None:
+        self.index = index
+        self.engine = engine
+        self.device = str(getattr(engine, "device", "cpu"))
+        self.load = 0
+        self.holding = False  # a composed step not yet launched: takes no more work
+        self.steps = 0
+        self.tokens = 0
+        self.sequences = 0
+        self.thread: threading.Thread | None = None
+
+
+@dataclass
+class _LaneCounters:
+    admitted: int = 0
+    rejected: int = 0
+    cancelled: int = 0
+    expired: int = 0
+    completed: int = 0
+
+
+class Scheduler:
+    """Feeds one or more engines from two token-bounded lanes; see the module docstring."""
+
+    def __init__(self, engines: Sequence[EngineLike], config: SchedulerConfig | None = None) -> None:
+        if not engines:
+            raise ValueError("Scheduler needs at least one engine")
+        dims = {int(e.spec.dimensions) for e in engines}
+        if len(dims) != 1:
+            raise ValueError(f"Scheduler engines disagree on dimensions: {sorted(dims)}")
+        self.config = config or SchedulerConfig()
+        self.dimensions = dims.pop()
+        self._workers = [_Worker(i, e) for i, e in enumerate(engines)]
+        self._lanes = {lane: LaneQueue(lane, self.config.bound(lane)) for lane in Lane}
+        self._counters = {lane: _LaneCounters() for lane in Lane}
+        # One lock guards lanes, requests' bookkeeping and worker loads; workers sleep on it.
+        self._cond = threading.Condition(threading.Lock())
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiters: deque[_Waiter] = deque()  # loop thread only
+        self._live: set[Request] = set()  # admitted, not yet settled; loop thread only
+        self._drained: asyncio.Event | None = None
+        self._draining = False
+        self._stopping = False
+        self._steps = 0
+        self._tokens = 0
+
+    # ------------------------------------------------------------------ asyncio side
+
+    async def start(self) -> None:
+        """Start one worker thread per engine; call once from the serving event loop."""
+        if self._loop is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._drained = asyncio.Event()
+        for worker in self._workers:
+            worker.thread = threading.Thread(
+                target=self._work, args=(worker,), name=f"fern-engine-{worker.index}", daemon=True
+            )
+            worker.thread.start()
+
+    async def embed(
+        self,
+        sequences: Sequence[Sequence[int]],
+        lane: Lane = Lane.ONLINE,
+        deadline: float | None = None,
+        *,
+        wait: bool = False,
+    ) -> np.ndarray:
+        """Embed token-id sequences; returns float32 [N, D] raw pooled vectors in input order.
+
+        Raises QueueFull at once when the lane has no room (with `wait=True` it waits its
+        turn for room instead, FIFO with other waiters: the stream path), Draining after
+        `drain()`, DeadlineExceeded when `deadline` (time.monotonic()) passes first.
+        Cancelling the awaiting task drops its sequences that have not reached an engine.
+        """
+        lane = Lane(lane)
+        self._check_open()
+        request = self._new_request(sequences, lane, deadline)
+        if request.size == 0:
+            return request.out
+        if request.expired(time.monotonic()):
+            self._counters[lane].expired += 1
+            raise DeadlineExceeded(f"deadline passed before the {lane.name} request was queued")
+        queue = self._lanes[lane]
+        tokens = request.tokens(0, request.size)
+        self._check_bound(lane, tokens)
+        timer = None
+        if deadline is not None:
+            timer = self._loop.call_later(max(0.0, deadline - time.monotonic()), self._expire, request)
+        try:
+            with self._cond:
+                lane_has_waiters = any(w.lane == lane for w in self._waiters)
+                admitted = queue.fits(tokens) and not (wait and lane_has_waiters)
+                if admitted:
+                    self._admit_locked(request)
+            if not admitted:
+                if not wait:
+                    self._counters[lane].rejected += 1
+                    raise QueueFull(
+                        f"{lane.name} queue is full: {queue.tokens} of {queue.max_queued_tokens} "
+                        f"tokens queued, request needs {tokens}"
+                    )
+                waiter = _Waiter(lane, tokens, self._loop.create_future(), request)
+                self._waiters.append(waiter)
+                try:
+                    await waiter.future
+                except asyncio.CancelledError:
+                    if waiter.future.cancelled():
+                        self._forget_waiter(waiter)
+                    else:
+                        self._drop(request, None)  # admitted just before the cancel landed
+                    raise
+            try:
+                return await request.future
+            except asyncio.CancelledError:
+                self._drop(request, None)
+                raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    async def wait_for_room(self, lane: Lane, tokens: int) -> None:
+        """Return once `tokens` more fit in `lane`'s queue (stream flow control).
+
+        Waiters are served first come, first served, and one wake-up never promises the
+        same room twice; call `embed` right after, with no other await in between (or use
+        `embed(..., wait=True)`, which admits atomically).
+        """
+        lane = Lane(lane)
+        self._check_open()
+        self._check_bound(lane, tokens)
+        with self._cond:
+            fits = self._lanes[lane].fits(tokens)
+        if fits and not any(w.lane == lane for w in self._waiters):
+            return
+        waiter = _Waiter(lane, tokens, self._loop.create_future())
+        self._waiters.append(waiter)
+        try:
+            await waiter.future
+        except asyncio.CancelledError:
+            self._forget_waiter(waiter)
+            raise
+
+    async def drain(self) -> None:
+        """Stop accepting (Draining), finish everything queued and in flight, stop the threads."""
+        if not self._draining:
+            self._draining = True
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                if not waiter.future.done():
+                    waiter.future.set_exception(Draining("the scheduler is draining"))
+        if self._loop is None:
+            return
+        while self._live:
+            self._drained.clear()
+            await self._drained.wait()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        threads = [w.thread for w in self._workers if w.thread is not None]
+        await asyncio.to_thread(lambda: [t.join() for t in threads])
+
+    def stats(self) -> SchedulerStats:
+        """A consistent snapshot of the counters."""
+        with self._cond:
+            lanes = {
+                lane: LaneStats(
+                    queued_tokens=q.tokens,
+                    queued_requests=q.requests,
+                    max_queued_tokens=q.max_queued_tokens,
+                    high_water_tokens=q.high_water,
+                    admitted=self._counters[lane].admitted,
+                    rejected=self._counters[lane].rejected,
+                    cancelled=self._counters[lane].cancelled,
+                    expired=self._counters[lane].expired,
+                    completed=self._counters[lane].completed,
+                )
+                for lane, q in self._lanes.items()
+            }
+            engines = tuple(
+                EngineStats(w.device, w.steps, w.tokens, w.sequences, w.load) for w in self._workers
+            )
+            return SchedulerStats(
+                online=lanes[Lane.ONLINE],
+                batch=lanes[Lane.BATCH],
+                engines=engines,
+                steps=self._steps,
+                tokens=self._tokens,
+                draining=self._draining,
+            )
+
+    def _check_open(self) -> None:
+        if self._draining:
+            raise Draining("the scheduler is draining")
+        if self._loop is None:
+            raise RuntimeError("Scheduler.start() has not been awaited")
+
+    def _check_bound(self, lane: Lane, tokens: int) -> None:
+        bound = self._lanes[lane].max_queued_tokens
+        if tokens > bound:
+            self._counters[lane].rejected += 1
+            raise QueueFull(
+                f"request of {tokens} tokens exceeds the {lane.name} lane's whole queue bound "
+                f"of {bound} tokens"
+            )
+
+    def _new_request(self, sequences: Sequence[Sequence[int]], lane: Lane, deadline: float | None) -> Request:
+        lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+        if lengths.size and lengths.min() == 0:
+            index = int(np.argmin(lengths))
+            raise ValueError(f"sequences[{index}]: empty token sequence")
+        offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return Request(
+            lane=lane,
+            sequences=sequences,
+            offsets=offsets,
+            deadline=deadline,
+            out=np.empty((len(sequences), self.dimensions), dtype=np.float32),
+            remaining=len(sequences),
+        )
+
+    def _admit_locked(self, request: Request) -> None:
+        """Queue a request (loop thread, lock held)."""
+        request.future = self._loop.create_future()
+        self._live.add(request)
+        self._lanes[request.lane].push(request)
+        self._counters[request.lane].admitted += 1
+        self._cond.notify_all()
+
+    def _expire(self, request: Request) -> None:
+        self._drop(request, DeadlineExceeded(
+            f"deadline passed with {request.remaining} of {request.size} sequences not embedded"
+        ))
+
+    def _drop(self, request: Request, error: BaseException | None) -> None:
+        """Cancel (error None) or expire a request: its queued sequences never reach an engine."""
+        with self._cond:
+            if request.settled:
+                return
+            request.settled = True
+            request.dropped = True
+            self._lanes[request.lane].drop(request)
+            counters = self._counters[request.lane]
+            if error is None:
+                counters.cancelled += 1
+            else:
+                counters.expired += 1
+        for waiter in self._waiters:
+            if waiter.request is request:  # still waiting for room: it was never queued
+                self._waiters.remove(waiter)
+                if error is not None and not waiter.future.done():
+                    waiter.future.set_exception(error)
+                break
+        self._finish(request, error)
+        self._wake_waiters()
+
+    def _finish(self, request: Request, error: BaseException | None) -> None:
+        """Resolve a settled request's future (loop thread) and account for drain."""
+        future = request.future
+        if future is not None and not future.done():
+            if error is None:
+                if request.dropped:
+                    future.cancel()
+                else:
+                    future.set_result(request.out)
+            else:
+                future.set_exception(error)
+        self._live.discard(request)
+        if not self._live and self._drained is not None:
+            self._drained.set()
+
+    def _settle_on_loop(self, outcomes: list[tuple[Request, BaseException | None]]) -> None:
+        for request, error in outcomes:
+            self._finish(request, error)
+        self._wake_waiters()
+
+    def _forget_waiter(self, waiter: _Waiter) -> None:
+        if waiter in self._waiters:  # else already served, or rejected by drain()
+            self._waiters.remove(waiter)
+        self._wake_waiters()  # whoever queued behind it may fit now
+
+    def _wake_waiters(self) -> None:
+        """Serve waiters FCFS per lane while room lasts (loop thread)."""
+        if not self._waiters:
+            return
+        promised = {lane: 0 for lane in Lane}
+        blocked: set[Lane] = set()
+        with self._cond:
+            for waiter in list(self._waiters):
+                if waiter.lane in blocked:
+                    continue
+                if waiter.future.done():
+                    self._waiters.remove(waiter)
+                    continue
+                queue = self._lanes[waiter.lane]
+                if not queue.fits(promised[waiter.lane] + waiter.tokens):
+                    blocked.add(waiter.lane)
+                    continue
+                self._waiters.remove(waiter)
+                if waiter.request is not None:
+                    self._admit_locked(waiter.request)
+                else:
+                    promised[waiter.lane] += waiter.tokens
+                waiter.future.set_result(None)
+
+    def _post(self, outcomes: list[tuple[Request, BaseException | None]], room_freed: bool) -> None:
+        """From a worker thread: hand finished requests and freed room to the loop."""
+        if outcomes or (room_freed and self._waiters):
+            self._loop.call_soon_threadsafe(self._settle_on_loop, outcomes)
+
+    # ------------------------------------------------------------------ worker threads
+
+    def _work(self, worker: _Worker) -> None:
+        """The pipeline: build N+1 while N runs, collect and deliver N, then launch N+1.
+
+        Delivering N before launching N+1 keeps a synchronous (CPU) engine from holding
+        N's results for the length of N+1, and frees the engine's result buffer before
+        the next step may reuse it.
+        """
+        current: _Step | None = None
+        handle: Any = None
+        while True:
+            nxt = self._next_step(worker, in_flight=handle if current is not None else None)
+            if nxt is None and current is None:
+                return
+            prepared: Any = _FAILED
+            if nxt is not None:
+                prepared = self._call(worker, nxt, worker.engine.prepare, nxt.sequences)
+                if prepared is _FAILED:
+                    nxt = None
+            if current is not None:
+                rows = self._call(worker, current, handle.result)
+                if rows is not _FAILED:
+                    self._deliver(worker, current, rows)
+                current = None
+                if nxt is not None:
+                    # Time passed while N ran: online work may have come, requests may have gone.
+                    nxt, prepared = self._revalidate(worker, nxt, prepared)
+            if nxt is not None:
+                handle = self._call(worker, nxt, worker.engine.step, prepared)
+                if handle is not _FAILED:
+                    self._launched(worker, nxt)
+                    current = nxt
+
+    def _next_step(self, worker: _Worker, *, in_flight: Any) -> _Step | None:
+        """Compose this worker's next step.
+
+        With nothing in flight, block until there is work (None: stopping). With a step in
+        flight, return as soon as there is work this worker should take (the prefetch)
+        or the step is done (None), whichever comes first.
+        """
+        with self._cond:
+            while True:
+                idle = in_flight is None
+                if self._has_work_locked() and (idle or self._least_loaded_locked(worker)):
+                    step = self._compose_locked(worker)
+                    if step is not None:
+                        return step
+                    continue  # everything found was dropped or expired; look again
+                if idle:
+                    if self._stopping:
+                        return None
+                    self._cond.wait()
+                elif in_flight.done():
+                    return None
+                else:
+                    self._cond.wait(_POLL_S)
+
+    def _has_work_locked(self) -> bool:
+        return any(q.has_work() for q in self._lanes.values())
+
+    def _least_loaded_locked(self, worker: _Worker) -> bool:
+        """A worker with a step in flight takes more only if no free worker has less load."""
+        return all(
+            worker.load <= other.load
+            for other in self._workers
+            if other is not worker and not other.holding
+        )
+
+    def _compose_locked(self, worker: _Worker) -> _Step | None:
+        cfg = self.config
+        now = time.monotonic()
+        online = self._lanes[Lane.ONLINE].take(
+            cfg.max_step_tokens, cfg.max_step_sequences, now, oversize_ok=True
+        )
+        batch_budget = max(0, cfg.online_step_tokens - online.tokens) if online.chunks else cfg.max_step_tokens
+        batch = self._lanes[Lane.BATCH].take(
+            batch_budget,
+            cfg.max_step_sequences - online.sequences,
+            now,
+            oversize_ok=not online.chunks,
+        )
+        outcomes = self._expire_locked(online.expired + batch.expired)
+        chunks = online.chunks + batch.chunks
+        self._post(outcomes, room_freed=True)
+        if not chunks:
+            return None
+        sequences: list[Sequence[int]] = []
+        for chunk in chunks:
+            sequences.extend(chunk.request.sequences[chunk.start : chunk.end])
+        step = _Step(chunks, sequences, online.tokens + batch.tokens, bool(online.chunks))
+        worker.load += step.tokens
+        worker.holding = True
+        return step
+
+    def _expire_locked(self, requests: list[Request]) -> list[tuple[Request, BaseException | None]]:
+        outcomes = []
+        for request in requests:
+            if request.settled:
+                continue
+            request.settled = True
+            request.dropped = True
+            self._counters[request.lane].expired += 1
+            outcomes.append((request, DeadlineExceeded(
+                f"deadline passed with {request.remaining} of {request.size} sequences not embedded"
+            )))
+        return outcomes
+
+    def _revalidate(self, worker: _Worker, step: _Step, prepared: Any) -> tuple[_Step | None, Any]:
+        """Rebuild a prepared step if online work arrived after it was built or a request left."""
+        now = time.monotonic()
+        with self._cond:
+            stale = any(c.request.dropped or c.request.expired(now) for c in step.chunks)
+            jumped = not step.has_online and self._lanes[Lane.ONLINE].has_work()
+            if not stale and not jumped:
+                return step, prepared
+            # Put the chunks back at the front of their lanes (FCFS holds), then compose anew.
+            for lane in (Lane.BATCH, Lane.ONLINE):
+                self._lanes[lane].push_front([c for c in step.chunks if c.request.lane == lane])
+            worker.load -= step.tokens
+            worker.holding = False
+            fresh = self._compose_locked(worker)
+        if fresh is None:
+            return None, _FAILED
+        prepared = self._call(worker, fresh, worker.engine.prepare, fresh.sequences)
+        return (fresh, prepared) if prepared is not _FAILED else (None, _FAILED)
+
+    def _call(self, worker: _Worker, step: _Step, call: Any, *args: Any) -> Any:
+        """Run an engine call for `step`; if it raises, fail the step's requests with that error."""
+        try:
+            return call(*args)
+        except Exception as error:  # goes to every caller whose sequences were in the step
+            log.exception("engine %d (%s) failed a step of %d tokens", worker.index, worker.device, step.tokens)
+            self._fail(worker, step, error)
+            return _FAILED
+
+    def _launched(self, worker: _Worker, step: _Step) -> None:
+        with self._cond:
+            worker.holding = False
+            worker.steps += 1
+            worker.tokens += step.tokens
+            worker.sequences += len(step.sequences)
+            self._steps += 1
+            self._tokens += step.tokens
+
+    def _fail(self, worker: _Worker, step: _Step, error: Exception) -> None:
+        outcomes: list[tuple[Request, BaseException | None]] = []
+        with self._cond:
+            worker.load -= step.tokens
+            worker.holding = False
+            for chunk in step.chunks:
+                request = chunk.request
+                if request.settled:
+                    continue
+                request.settled = True
+                request.dropped = True
+                self._lanes[request.lane].drop(request)
+                outcomes.append((request, error))
+            self._cond.notify_all()
+        self._post(outcomes, room_freed=True)
+
+    def _deliver(self, worker: _Worker, step: _Step, rows: np.ndarray) -> None:
+        """Copy a finished step's rows into their requests; post the requests now complete."""
+        outcomes: list[tuple[Request, BaseException | None]] = []
+        with self._cond:
+            worker.load -= step.tokens
+            offset = 0
+            for chunk in step.chunks:
+                request = chunk.request
+                n = chunk.size
+                if not request.dropped:
+                    request.out[chunk.start : chunk.end] = rows[offset : offset + n]
+                    request.remaining -= n
+                    if request.remaining == 0:
+                        request.settled = True
+                        self._counters[request.lane].completed += 1
+                        outcomes.append((request, None))
+                offset += n
+            self._cond.notify_all()  # a lighter worker may now take work
+        self._post(outcomes, room_freed=False)

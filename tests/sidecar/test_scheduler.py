@@ -1,0 +1,405 @@
+"""Two-lane scheduler behaviour against an engine stand-in whose steps the test releases."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from types import SimpleNamespace
+from typing import Awaitable, Callable, Sequence
+
+import numpy as np
+import pytest
+
+from sidecar.scheduler import (
+    DeadlineExceeded,
+    Draining,
+    Lane,
+    QueueFull,
+    Scheduler,
+    SchedulerConfig,
+)
+
+DIMS = 4
+ONLINE_MARK = 1  # first id of every online test sequence, so a step's lanes are visible
+BATCH_MARK = 2
+
+
+def expected(seqs: Sequence[Sequence[int]]) -> np.ndarray:
+    """The stand-in's vector for each sequence: a function of its ids, checkable in tests."""
+    return np.array([[sum(s), len(s), s[0], s[-1]] for s in seqs], dtype=np.float32).reshape(-1, DIMS)
+
+
+class Handle:
+    def __init__(self, engine: "GatedEngine", rows: np.ndarray) -> None:
+        self._engine = engine
+        self._rows = rows
+        self._collected = False
+
+    def done(self) -> bool:
+        return self._collected or self._engine.permits > 0
+
+    def result(self) -> np.ndarray:
+        if not self._collected:
+            self._engine.take_permit()
+            self._collected = True
+        return self._rows
+
+
+class GatedEngine:
+    """Engine stand-in: step() returns at once (like CUDA); result() waits for release()."""
+
+    def __init__(self, *, gated: bool = True, name: str = "fake:0", fail_prepare: bool = False) -> None:
+        self.spec = SimpleNamespace(dimensions=DIMS)
+        self.device = name
+        self.prepared: list[list[tuple[int, ...]]] = []
+        self.stepped: list[list[tuple[int, ...]]] = []
+        self.fail_prepare = fail_prepare
+        self.permits = 10**9 if not gated else 0  # steps allowed to finish
+        self._lock = threading.Lock()
+        self._released = threading.Condition(self._lock)
+
+    def release(self, steps: int = 1) -> None:
+        with self._released:
+            self.permits += steps
+            self._released.notify_all()
+
+    def take_permit(self) -> None:
+        with self._released:
+            if not self._released.wait_for(lambda: self.permits > 0, timeout=10):
+                raise TimeoutError("the test never released this step")
+            self.permits -= 1
+
+    def prepare(self, sequences: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+        batch = [tuple(s) for s in sequences]
+        with self._lock:
+            self.prepared.append(batch)
+        if self.fail_prepare:
+            raise RuntimeError("engine stand-in: prepare failed")
+        return batch
+
+    def step(self, prepared: list[tuple[int, ...]]) -> Handle:
+        with self._lock:
+            self.stepped.append(prepared)
+        return Handle(self, expected(prepared))
+
+    def stepped_ids(self) -> set[tuple[int, ...]]:
+        with self._lock:
+            return {s for step in self.stepped for s in step}
+
+
+def run(coro: Awaitable, timeout: float = 20.0):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    stop = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > stop:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.001)
+
+
+def texts(mark: int, start: int, count: int, length: int = 8) -> list[list[int]]:
+    """`count` distinct sequences: [mark, serial, filler...] of `length` tokens."""
+    return [[mark, start + i] + [7] * (length - 2) for i in range(count)]
+
+
+def config(**overrides: int) -> SchedulerConfig:
+    base = dict(
+        max_step_tokens=64,
+        online_step_tokens=32,
+        max_step_sequences=64,
+        max_queued_tokens_online=10_000,
+        max_queued_tokens_batch=200_000,
+    )
+    base.update(overrides)
+    base["online_step_tokens"] = min(base["online_step_tokens"], base["max_step_tokens"])
+    return SchedulerConfig(**base)
+
+
+def test_online_behind_10000_batch_texts_runs_in_the_next_step():
+    async def main():
+        engine = GatedEngine()
+        sched = Scheduler([engine], config(max_step_tokens=512, online_step_tokens=128))
+        await sched.start()
+        batch = [
+            asyncio.create_task(sched.embed(texts(BATCH_MARK, i * 100, 100), Lane.BATCH))
+            for i in range(100)
+        ]  # 10,000 texts, 80,000 tokens
+        await until(lambda: len(engine.stepped) == 1 and len(engine.prepared) == 2)
+        query = texts(ONLINE_MARK, 0, 3, length=12)
+        online = asyncio.create_task(sched.embed(query, Lane.ONLINE))
+        await asyncio.sleep(0.01)
+        engine.release(1)  # step 1, in flight when the query came, finishes
+        await until(lambda: len(engine.stepped) == 2)
+        assert engine.stepped[1][: len(query)] == [tuple(q) for q in query]
+        engine.release(1)
+        vectors = await online
+        np.testing.assert_array_equal(vectors, expected(query))
+        assert sched.stats().batch.queued_tokens > 70_000  # batch still waiting: priority, not luck
+        engine.release(10**6)
+        results = await asyncio.gather(*batch)
+        for i, got in enumerate(results):
+            np.testing.assert_array_equal(got, expected(texts(BATCH_MARK, i * 100, 100)))
+        await sched.drain()
+
+    run(main())
+
+
+def test_fcfs_within_each_lane():
+    async def main():
+        engine = GatedEngine()
+        sched = Scheduler([engine], config())
+        await sched.start()
+        first = asyncio.create_task(sched.embed(texts(BATCH_MARK, 0, 2), Lane.BATCH))
+        await until(lambda: len(engine.stepped) == 1)
+        order = [texts(BATCH_MARK, 100 * k, 5, length=3 + k) for k in range(1, 6)]
+        online_order = [texts(ONLINE_MARK, 100 * k, 3, length=2 + k) for k in range(1, 4)]
+        tasks = []
+        for k in range(5):
+            tasks.append(asyncio.create_task(sched.embed(order[k], Lane.BATCH)))
+            if k < 3:
+                tasks.append(asyncio.create_task(sched.embed(online_order[k], Lane.ONLINE)))
+        await asyncio.sleep(0.01)
+        engine.release(10**6)
+        await asyncio.gather(first, *tasks)
+        seen = [s for step in engine.stepped[1:] for s in step]
+        seen_batch = [s for s in seen if s[0] == BATCH_MARK]
+        seen_online = [s for s in seen if s[0] == ONLINE_MARK]
+        assert seen_batch == [tuple(s) for req in order for s in req]
+        assert seen_online == [tuple(s) for req in online_order for s in req]
+        await sched.drain()
+
+    run(main())
+
+
+def test_every_step_respects_the_budgets():
+    rng = np.random.default_rng(7)
+
+    async def main():
+        engine = GatedEngine(gated=False)
+        cfg = config(max_step_tokens=100, online_step_tokens=40, max_step_sequences=9)
+        sched = Scheduler([engine], cfg)
+        await sched.start()
+        tasks = []
+        for i in range(150):
+            lane = Lane.ONLINE if rng.random() < 0.3 else Lane.BATCH
+            mark = ONLINE_MARK if lane == Lane.ONLINE else BATCH_MARK
+            seqs = [[mark, i] + [5] * int(rng.integers(0, 30)) for _ in range(int(rng.integers(1, 12)))]
+            tasks.append((seqs, asyncio.create_task(sched.embed(seqs, lane))))
+            if i % 10 == 0:
+                await asyncio.sleep(0)
+        for seqs, task in tasks:
+            np.testing.assert_array_equal(await task, expected(seqs))
+        await sched.drain()
+        for step in engine.stepped:
+            total = sum(len(s) for s in step)
+            online = sum(len(s) for s in step if s[0] == ONLINE_MARK)
+            assert total <= cfg.max_step_tokens
+            assert len(step) <= cfg.max_step_sequences
+            if online and total > online:  # batch filled a step that carries online work
+                assert total <= cfg.online_step_tokens
+        assert sched.stats().tokens == sum(len(s) for step in engine.stepped for s in step)
+
+    run(main())
+
+
+def test_large_request_is_split_and_reassembled_in_input_order():
+    async def main():
+        engine = GatedEngine(gated=False)
+        sched = Scheduler([engine], config(max_step_tokens=64, max_step_sequences=16))
+        await sched.start()
+        rng = np.random.default_rng(3)
+        seqs = [[BATCH_MARK, i] + [9] * int(rng.integers(0, 40)) for i in range(300)]
+        seqs.append([BATCH_MARK, 999] + [9] * 200)  # longer than a whole step: runs alone
+        got = await sched.embed(seqs, Lane.BATCH)
+        np.testing.assert_array_equal(got, expected(seqs))
+        assert len(engine.stepped) >= sum(len(s) for s in seqs) / 64
+        assert [tuple(seqs[-1])] in engine.stepped
+        await sched.drain()
+
+    run(main())
+
+
+def test_cancelled_work_never_reaches_the_engine():
+    async def main():
+        engine = GatedEngine()
+        sched = Scheduler([engine], config(max_step_tokens=16))
+        await sched.start()
+        head = asyncio.create_task(sched.embed(texts(BATCH_MARK, 0, 2), Lane.BATCH))
+        prefetched = texts(BATCH_MARK, 100, 2)
+        queued = texts(BATCH_MARK, 200, 6)
+        t_pre = asyncio.create_task(sched.embed(prefetched, Lane.BATCH))
+        t_queued = asyncio.create_task(sched.embed(queued, Lane.BATCH))
+        # Step 1 runs `head`; step 2 (prepared while 1 runs) holds `prefetched`.
+        await until(lambda: len(engine.stepped) == 1 and len(engine.prepared) == 2)
+        assert engine.prepared[1] == [tuple(s) for s in prefetched]
+        t_pre.cancel()
+        t_queued.cancel()
+        await asyncio.sleep(0.01)
+        assert sched.stats().batch.queued_tokens == 0
+        engine.release(10**6)
+        await head
+        for t in (t_pre, t_queued):
+            with pytest.raises(asyncio.CancelledError):
+                await t
+        after = asyncio.create_task(sched.embed(texts(BATCH_MARK, 300, 1), Lane.BATCH))
+        await after
+        stepped = engine.stepped_ids()
+        assert not stepped & {tuple(s) for s in prefetched + queued}
+        assert sched.stats().batch.cancelled == 2
+        await sched.drain()
+
+    run(main())
+
+
+def test_expired_work_is_dropped_before_the_engine():
+    async def main():
+        engine = GatedEngine()
+        sched = Scheduler([engine], config(max_step_tokens=16))
+        await sched.start()
+        head = asyncio.create_task(sched.embed(texts(BATCH_MARK, 0, 2), Lane.BATCH))
+        await until(lambda: len(engine.stepped) == 1)
+        late = texts(ONLINE_MARK, 0, 2)
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            await sched.embed(late, Lane.ONLINE, deadline=time.monotonic() + 0.05)
+        assert time.monotonic() - started < 1.0  # the caller hears at the deadline, not later
+        with pytest.raises(DeadlineExceeded):
+            await sched.embed(late, Lane.ONLINE, deadline=time.monotonic() - 1)
+        engine.release(10**6)
+        await head
+        ok = await sched.embed(texts(ONLINE_MARK, 50, 1), Lane.ONLINE, deadline=time.monotonic() + 5)
+        np.testing.assert_array_equal(ok, expected(texts(ONLINE_MARK, 50, 1)))
+        assert not engine.stepped_ids() & {tuple(s) for s in late}
+        assert sched.stats().online.expired == 2
+        await sched.drain()
+
+    run(main())
+
+
+def test_queue_full_at_the_bound_and_wait_for_room_unblocks():
+    async def main():
+        engine = GatedEngine()
+        sched = Scheduler([engine], config(max_step_tokens=16, max_queued_tokens_batch=100))
+        await sched.start()
+        r1 = asyncio.create_task(sched.embed(texts(BATCH_MARK, 0, 2), Lane.BATCH))
+        await until(lambda: len(engine.stepped) == 1)
+        r2 = asyncio.create_task(sched.embed(texts(BATCH_MARK, 10, 2), Lane.BATCH))
+        await until(lambda: len(engine.prepared) == 2)
+        r3 = asyncio.create_task(sched.embed(texts(BATCH_MARK, 20, 10, length=10), Lane.BATCH))
+        await asyncio.sleep(0)
+        assert sched.stats().batch.queued_tokens == 100
+        with pytest.raises(QueueFull, match="BATCH queue is full"):
+            await sched.embed(texts(BATCH_MARK, 40, 1, length=2), Lane.BATCH)
+        with pytest.raises(QueueFull, match="whole queue bound"):
+            await sched.embed(texts(BATCH_MARK, 40, 1, length=101), Lane.BATCH)
+        # ONLINE has its own bound: still open.
+        online = asyncio.create_task(sched.embed(texts(ONLINE_MARK, 0, 1), Lane.ONLINE))
+        room = asyncio.create_task(sched.wait_for_room(Lane.BATCH, 30))
+        queued_wait = asyncio.create_task(
+            sched.embed(texts(BATCH_MARK, 60, 1, length=50), Lane.BATCH, wait=True)
+        )
+        await asyncio.sleep(0.05)
+        assert not room.done() and not queued_wait.done()
+        engine.release(10**6)
+        await asyncio.wait_for(room, 5)
+        got = await asyncio.wait_for(queued_wait, 5)
+        np.testing.assert_array_equal(got, expected(texts(BATCH_MARK, 60, 1, length=50)))
+        await asyncio.gather(r1, r2, r3, online)
+        stats = sched.stats()
+        assert stats.batch.high_water_tokens <= 100
+        assert stats.batch.rejected == 2
+        await sched.drain()
+
+    run(main())
+
+
+def test_drain_finishes_in_flight_and_rejects_new():
+    async def main():
+        engine = GatedEngine()
+        sched = Scheduler([engine], config(max_step_tokens=16))
+        await sched.start()
+        work = [texts(BATCH_MARK, 10 * i, 3) for i in range(6)]
+        tasks = [asyncio.create_task(sched.embed(w, Lane.BATCH)) for w in work]
+        await until(lambda: len(engine.stepped) == 1)
+        drain = asyncio.create_task(sched.drain())
+        await asyncio.sleep(0.01)
+        assert not drain.done()
+        with pytest.raises(Draining):
+            await sched.embed(texts(ONLINE_MARK, 0, 1), Lane.ONLINE)
+        with pytest.raises(Draining):
+            await sched.wait_for_room(Lane.BATCH, 1)
+        engine.release(10**6)
+        await asyncio.wait_for(drain, 5)
+        for w, t in zip(work, tasks):
+            np.testing.assert_array_equal(t.result(), expected(w))
+        assert all(not w.thread.is_alive() for w in sched._workers)  # noqa: SLF001
+
+    run(main())
+
+
+def test_idle_engine_gets_work_before_a_busy_one_and_a_stalled_engine_is_bypassed():
+    async def main():
+        engines = [GatedEngine(name="fake:0"), GatedEngine(name="fake:1")]
+        sched = Scheduler(engines, config(max_step_tokens=16))
+        await sched.start()
+        first = asyncio.create_task(sched.embed(texts(BATCH_MARK, 0, 2), Lane.BATCH))
+        await until(lambda: sum(len(e.stepped) for e in engines) == 1)
+        busy = next(e for e in engines if e.stepped)
+        free = next(e for e in engines if not e.stepped)
+        second = asyncio.create_task(sched.embed(texts(BATCH_MARK, 10, 2), Lane.BATCH))
+        await until(lambda: len(free.stepped) == 1)
+        assert len(busy.prepared) == 1  # the busy engine did not take it as a prefetch
+        # `busy` stays stalled: it may hold one prepared step behind the one it runs
+        # (the pipeline), and everything else flows through `free`.
+        free.release(10**6)
+        rest = [texts(BATCH_MARK, 100 + 10 * i, 2) for i in range(20)]
+        tasks = [asyncio.create_task(sched.embed(r, Lane.BATCH)) for r in rest]
+        await until(lambda: sum(t.done() for t in tasks) >= len(rest) - 1)
+        assert len(busy.prepared) <= 2 and len(busy.stepped) == 1
+        stats = sched.stats()
+        assert [e.device for e in stats.engines] == ["fake:0", "fake:1"]
+        assert stats.engines[engines.index(busy)].inflight_tokens >= 16
+        busy.release(10**6)
+        results = await asyncio.gather(first, second, *tasks)
+        for r, got in zip(rest, results[2:]):
+            np.testing.assert_array_equal(got, expected(r))
+        assert len(busy.stepped) <= 2
+        await sched.drain()
+
+    run(main())
+
+
+def test_engine_failure_fails_its_requests_and_serving_goes_on():
+    async def main():
+        engine = GatedEngine(gated=False, fail_prepare=True)
+        sched = Scheduler([engine], config())
+        await sched.start()
+        with pytest.raises(RuntimeError, match="prepare failed"):
+            await sched.embed(texts(ONLINE_MARK, 0, 2), Lane.ONLINE)
+        engine.fail_prepare = False
+        got = await sched.embed(texts(ONLINE_MARK, 5, 2), Lane.ONLINE)
+        np.testing.assert_array_equal(got, expected(texts(ONLINE_MARK, 5, 2)))
+        assert sched.stats().online.queued_tokens == 0
+        await sched.drain()
+
+    run(main())
+
+
+def test_bad_inputs_name_what_is_wrong():
+    with pytest.raises(ValueError, match="online_step_tokens"):
+        SchedulerConfig(max_step_tokens=64, online_step_tokens=128)
+    with pytest.raises(ValueError, match="max_queued_tokens_batch"):
+        SchedulerConfig(max_queued_tokens_batch=0)
+
+    async def main():
+        sched = Scheduler([GatedEngine(gated=False)], config())
+        await sched.start()
+        with pytest.raises(ValueError, match=r"sequences\[1\]: empty"):
+            await sched.embed([[1, 2], []], Lane.ONLINE)
+        assert (await sched.embed([], Lane.ONLINE)).shape == (0, DIMS)
+        await sched.drain()
+
+    run(main())
