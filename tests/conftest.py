@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.client import FernClient
+# pytest puts tests/ on sys.path for this rootdir conftest, and tests/adapters, tests/sidecar
+# (plain folders) would then shadow the real packages as namespace packages unless the
+# repository root is on sys.path too (`python -m pytest` adds it; `.venv/bin/pytest` does not).
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from sidecar.client import FernClient  # noqa: E402
 
 # "fern: serving all-MiniLM-L6-v2 on 127.0.0.1:40123 (cpu)" is what `fern serve` prints when up.
 _SERVING = re.compile(r"^fern: serving .* on (\S+) \(")
@@ -76,7 +83,7 @@ class SidecarProcess:
         return None
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def terminate(self, timeout: float = 60.0) -> int:
         """SIGTERM (graceful drain) and wait for the exit status."""
@@ -97,12 +104,16 @@ class SidecarProcess:
     def __enter__(self) -> "SidecarProcess":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
+        """Drain (SIGTERM), wait, and clean up; safe to call twice."""
         try:
             self.terminate()
         finally:
             self.kill()
             self.log_path.unlink(missing_ok=True)
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 @pytest.fixture(scope="session")
@@ -125,11 +136,12 @@ def client(sidecar_target: str) -> Iterator[FernClient]:
         yield c
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def sidecar_factory() -> Iterator:
     """Start extra sidecars with their own flags: `sidecar_factory("--token", "t")` → SidecarProcess.
 
-    Each is drained (SIGTERM) at the end of the test unless the test already stopped it.
+    Each is drained (SIGTERM) at the end of the session at the latest; call
+    `process.stop()` to drain it earlier (module-scoped fixtures should).
     """
     started: list[SidecarProcess] = []
 
@@ -140,4 +152,4 @@ def sidecar_factory() -> Iterator:
 
     yield start
     for process in started:
-        process.__exit__(None, None, None)
+        process.stop()

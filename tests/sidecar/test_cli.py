@@ -1,0 +1,104 @@
+"""The `fern` command: embed and models as JSON (through a sidecar and in-process), flags and env twins."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sidecar import cli
+from sidecar.registry import ModelSource
+
+
+@pytest.fixture(scope="module")
+def fern_cmd():
+    script = Path(sys.executable).with_name("fern")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "sidecar.cli"]
+
+
+def run(cmd: list[str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_fern_embed_prints_the_sidecars_vectors_as_json(fern_cmd, sidecar_target, client):
+    out = run(fern_cmd, "embed", "--target", sidecar_target, "hello world", "second text")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["model"] == "all-MiniLM-L6-v2" and data["dimensions"] == 384
+    assert data["token_counts"] == [4, 4]
+    expected = client.embed(["hello world", "second text"]).vectors
+    np.testing.assert_allclose(np.array(data["vectors"], dtype=np.float32), expected, atol=1e-6)
+
+
+def test_fern_embed_options_and_sparse(fern_cmd, sidecar_target):
+    out = run(fern_cmd, "embed", "--target", sidecar_target, "--dimensions", "16",
+              "--encoding", "int8", "--sparse", "--prompt", "query", "the cat the hat")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert len(data["vectors"][0]) == 16 and max(abs(v) for v in data["vectors"][0]) == 127
+    assert data["sparse"][0]["indices"] == sorted(data["sparse"][0]["indices"])
+
+
+def test_fern_embed_error_names_the_input_and_exits_nonzero(fern_cmd, sidecar_target):
+    out = run(fern_cmd, "embed", "--target", sidecar_target, "fine", "")
+    assert out.returncode == 1
+    assert "INVALID_ARGUMENT: texts[1]: empty text" in out.stderr
+
+
+def test_fern_embed_local_equals_the_sidecar(fern_cmd, client):
+    out = run(fern_cmd, "embed", "--local", "--device", "cpu", "in process")
+    assert out.returncode == 0, out.stderr
+    local = np.array(json.loads(out.stdout)["vectors"], dtype=np.float32)
+    np.testing.assert_allclose(local, client.embed(["in process"]).vectors, atol=1e-5)
+
+
+def test_fern_models(fern_cmd, sidecar_target):
+    out = run(fern_cmd, "models", "--target", sidecar_target)
+    assert out.returncode == 0, out.stderr
+    (model,) = json.loads(out.stdout)
+    assert model["name"] == "all-MiniLM-L6-v2" and model["max_tokens"] == 256
+    local = run(fern_cmd, "models", "--local")
+    assert json.loads(local.stdout)[0]["dimensions"] == 384
+
+
+def test_serve_flags_have_environment_twins(monkeypatch):
+    monkeypatch.setenv("FERN_HOST", "0.0.0.0")
+    monkeypatch.setenv("FERN_PORT", "6000")
+    monkeypatch.setenv("FERN_DEVICE", "cpu")
+    monkeypatch.setenv("FERN_TOKEN", "t0k")
+    monkeypatch.setenv("FERN_MAX_STEP_TOKENS", "512")
+    monkeypatch.setenv("FERN_PG_PORT", "5433")
+    args = cli.build_parser().parse_args(["serve"])
+    assert (args.host, args.port, args.device, args.token) == ("0.0.0.0", 6000, "cpu", "t0k")
+    assert args.max_step_tokens == 512 and args.pg_port == 5433
+    flags = cli.build_parser().parse_args(["serve", "--port", "7000", "--model", "mini=/m"])
+    assert flags.port == 7000 and flags.models == ["mini=/m"]
+
+
+def test_serve_defaults_are_local_only():
+    args = cli.build_parser().parse_args(["serve"])
+    assert args.host == "127.0.0.1" and args.port == 50051 and args.token is None
+    assert args.pg_port is None and args.pg_worker_dsn is None
+
+
+def test_bad_env_value_is_reported(monkeypatch):
+    monkeypatch.setenv("FERN_PORT", "fifty")
+    with pytest.raises(SystemExit, match="FERN_PORT='fifty' is not an integer"):
+        cli.build_parser()
+
+
+def test_adapter_verbs_are_registered():
+    parser = cli.build_parser()
+    verbs = parser._subparsers._group_actions[0].choices
+    assert {"serve", "embed", "models", "demo", "pg", "qdrant", "bench"} <= set(verbs)
+
+
+def test_model_source_syntax():
+    assert ModelSource.parse("/models/bge") == ModelSource(Path("/models/bge"), None)
+    assert ModelSource.parse("bge=/models/bge") == ModelSource(Path("/models/bge"), "bge")
+    assert ModelSource.parse("default") == ModelSource(None, None)
+    assert ModelSource.parse("mini=default") == ModelSource(None, "mini")

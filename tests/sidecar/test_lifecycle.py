@@ -1,0 +1,108 @@
+"""A sidecar with a token and tiny queues: auth, RESOURCE_EXHAUSTED, stream flow control, SIGTERM drain."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from sidecar.client import FernClient, FernError
+from sidecar.wire import embedder_pb2 as pb
+from sidecar.wire import embedder_pb2_grpc as pb_grpc
+
+TOKEN = "s3cret-token"
+# ONLINE holds 4 full-length inputs, BATCH 3; a CPU step takes 256 tokens.
+SMALL = ("--token", TOKEN, "--max-queued-tokens-online", "1024", "--max-queued-tokens-batch", "768",
+         "--max-step-tokens", "256", "--online-step-tokens", "256", "--grace", "60")
+LONG = "word " * 300  # truncated to 256 tokens
+
+
+@pytest.fixture(scope="module")
+def small_sidecar(sidecar_factory):
+    process = sidecar_factory(*SMALL)
+    yield process
+    process.stop()
+
+
+def test_token_is_required_except_for_health(small_sidecar):
+    with FernClient(small_sidecar.target, token="") as anonymous:
+        assert anonymous.health()  # probes need no secret
+        with pytest.raises(FernError) as info:
+            anonymous.embed(["x"])
+        assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
+        assert "authorization: Bearer" in info.value.message
+        with pytest.raises(FernError) as info:
+            list(anonymous.embed_stream([("a", ["x"])]))
+        assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
+    with FernClient(small_sidecar.target, token="wrong") as wrong:
+        with pytest.raises(FernError) as info:
+            wrong.list_models()
+        assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
+    with FernClient(small_sidecar.target, token=TOKEN) as good:
+        assert good.embed(["with the token"]).vectors.shape == (1, 384)
+
+
+def test_full_online_queue_is_resource_exhausted_and_the_server_recovers(small_sidecar):
+    def call(_: int):
+        with FernClient(small_sidecar.target, token=TOKEN, timeout=300) as c:
+            try:
+                return c.embed([LONG] * 4)  # the whole ONLINE bound
+            except FernError as error:
+                return error
+
+    with ThreadPoolExecutor(6) as pool:
+        outcomes = list(pool.map(call, range(6)))
+    errors = [o for o in outcomes if isinstance(o, FernError)]
+    assert len(errors) >= 1 and len(errors) < len(outcomes)
+    for error in errors:
+        assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "ONLINE" in error.message and "queue is full" in error.message
+    with FernClient(small_sidecar.target, token=TOKEN, timeout=300) as c:
+        assert c.embed([LONG] * 4).vectors.shape == (4, 384)
+
+
+def test_stream_waits_for_room_instead_of_failing(small_sidecar):
+    # 16 requests of ~2 x 60 tokens through a 768-token BATCH queue: unary calls this
+    # fast would be refused; the stream is flow-controlled and every request succeeds.
+    requests = [(str(i), [f"stream {i} " + "token " * 55] * 2) for i in range(16)]
+    with FernClient(small_sidecar.target, token=TOKEN, timeout=300) as c:
+        results = list(c.embed_stream(requests))
+    assert sorted(int(r.request_id) for r in results) == list(range(16))
+    assert all(r.error is None and r.embeddings.vectors.shape == (2, 384) for r in results)
+
+
+def test_sigterm_drains_in_flight_work_then_exits(sidecar_factory):
+    process = sidecar_factory("--max-step-tokens", "256", "--online-step-tokens", "256")
+    outcome: dict = {}
+
+    def in_flight() -> None:
+        with FernClient(process.target, timeout=300) as c:
+            try:
+                outcome["result"] = c.embed([LONG] * 6, lane="batch")
+            except FernError as error:
+                outcome["error"] = error
+
+    worker = threading.Thread(target=in_flight)
+    worker.start()
+    time.sleep(0.5)  # the request is on the server (6 steps of ~256 tokens ahead)
+    process.process.send_signal(15)
+    refused = None
+    deadline = time.monotonic() + 20
+    with grpc.insecure_channel(process.target) as channel:
+        stub = pb_grpc.EmbedderStub(channel)
+        while refused is None and time.monotonic() < deadline:
+            try:
+                stub.Embed(pb.EmbedRequest(texts=["new call"]), timeout=10)
+            except grpc.RpcError as error:
+                refused = error
+            time.sleep(0.05)
+    assert refused is not None and refused.code() == grpc.StatusCode.UNAVAILABLE
+    worker.join(120)
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["result"].vectors.shape == (6, 384)
+    assert process.process.wait(60) == 0
+    log = process.log()
+    assert "draining" in log and "fern: stopped" in log
