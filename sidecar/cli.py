@@ -205,21 +205,20 @@ def load_registry(args: argparse.Namespace):
 
 
 class _PgWorkerRunner:
-    """The Postgres vectorizer worker as a background thread beside the sidecar."""
+    """The Postgres vectorizer worker (a background thread) as a start()/stop() extra of the sidecar."""
 
     def __init__(self, dsn: str, target: str, token: str | None) -> None:
-        from adapters.postgres.worker import Worker, WorkerConfig
-
-        self._worker = Worker(WorkerConfig(dsn=dsn, target=target, progress=False))
-        self._task: asyncio.Task | None = None
+        self.dsn, self.target, self.token = dsn, target, token
+        self._worker = None
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(asyncio.to_thread(self._worker.run))
+        from adapters.postgres.worker import BackgroundWorker
+
+        self._worker = BackgroundWorker(self.dsn, self.target, token=self.token).start()
 
     async def stop(self) -> None:
-        self._worker.stop()
-        if self._task is not None:
-            await self._task
+        if self._worker is not None:
+            await asyncio.to_thread(self._worker.stop)
 
 
 async def run_sidecar(args: argparse.Namespace,
@@ -244,7 +243,7 @@ async def run_sidecar(args: argparse.Namespace,
     await sidecar.start()
     if args.pg_worker_dsn:
         worker = _PgWorkerRunner(args.pg_worker_dsn, sidecar.target, args.token)
-        sidecar.extras.insert(0, worker)
+        sidecar.extras.append(worker)
         await worker.start()
     names = ", ".join(s.name for s in sidecar.gateway.models())
     devices = ", ".join(sorted({str(e.device) for m in registry for e in m.engines}))
@@ -252,10 +251,20 @@ async def run_sidecar(args: argparse.Namespace,
     for extra in sidecar.extras:
         if hasattr(extra, "port"):
             print(f"fern: Postgres endpoint on {extra.host}:{extra.port}", file=sys.stderr, flush=True)
+    status = 0
     if after_start is not None:
-        keep_serving = await asyncio.to_thread(after_start, sidecar.target)
-        if keep_serving is False:
-            stop.set()
+        job = asyncio.ensure_future(asyncio.to_thread(after_start, sidecar.target))
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({job, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if job.done():
+            if job.exception() is not None:
+                log.error("fern: %s failed; stopping the sidecar", getattr(after_start, "__name__", "job"),
+                          exc_info=job.exception())
+                status = 1
+                stop.set()
+            elif job.result() is False:
+                stop.set()
     await stop.wait()
     print("fern: draining (calls in flight finish; new calls get UNAVAILABLE)", file=sys.stderr,
           flush=True)
@@ -263,7 +272,7 @@ async def run_sidecar(args: argparse.Namespace,
         loop.remove_signal_handler(sig)  # a second Ctrl-C kills at once
     await sidecar.stop(args.grace)
     print("fern: stopped", file=sys.stderr, flush=True)
-    return 0
+    return status
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -357,9 +357,10 @@ class Sidecar:
             return
         self._stopping = True
         await self.health.enter_graceful_shutdown()
-        self.service.begin_drain()
+        # Extras first: the Postgres worker finishes its batch while gRPC still takes it.
         for extra in reversed(self.extras):
             await extra.stop()
+        self.service.begin_drain()
         started = time.monotonic()
         if not await self.service.wait_idle(grace):
             log.warning("calls still running after %.1fs of drain; cancelling them", grace)
