@@ -15,7 +15,7 @@ import torch
 from core_engine.attention.base import AttentionMetadata
 from core_engine.attention.select import make_attention
 from core_engine.config import ModelSpec, load_spec
-from core_engine.graphs import BucketConfig, CapturePolicy, GraphCache, GraphCounters, GraphKey, key_for
+from core_engine.graphs import Action, BucketConfig, CapturePolicy, GraphCache, GraphCounters, GraphKey, key_for
 from core_engine.handle import EmbeddingHandle
 from core_engine.loader import build_model, default_model_dir
 
@@ -131,7 +131,7 @@ class Engine:
         if max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be >= 1, got {max_step_tokens}")
         self.max_step_tokens = max_step_tokens
-        self.attention = make_attention(attention, self.device, self.spec)
+        self.attention = make_attention(attention, self.device, self.spec, self.dtype)
         self.model = build_model(self.spec, self.device, self.dtype, self.attention)
         self.model.eval()
         self._cuda = self.device.type == "cuda"
@@ -143,7 +143,7 @@ class Engine:
         self.graphs: GraphCache | None = None
         self._static: torch.Tensor | None = None
         if self._cuda:
-            self.graphs = GraphCache(self.policy, self.device)
+            self.graphs = GraphCache(self.policy, self.device, on_evict=self.attention.release)
             most = self.buckets.tokens(max_step_tokens)
             self._static = torch.zeros(3 * most + 2 * self.buckets.slots(max_step_tokens) + 1,
                                        dtype=torch.int64, device=self.device)
@@ -216,15 +216,18 @@ class Engine:
         with torch.cuda.device(self.device):
             key = batch.key
             n = batch.packed.numel()
-            backend = self.attention.activate(key, self.graphs.backend_of(key))
-            self.attention.plan(key, batch.cu_seqlens_cpu)
             if n <= self._static.numel():
+                action = self.graphs.decide(key)
+                backend = self.attention.activate(key, self.graphs.backend_of(key))
+                self.attention.plan(key, batch.cu_seqlens_cpu, for_graph=action is not Action.EAGER)
                 buf = self._static[:n]
                 buf.copy_(batch.packed, non_blocking=True)
                 cu_cpu = batch.cu_seqlens_cpu
-                pooled = self.graphs.run(key, lambda: self._forward_on(buf, key, cu_cpu), backend)
+                pooled = self.graphs.run(key, action, lambda: self._forward_on(buf, key, cu_cpu), backend)
             else:
                 self.policy.counters.uncacheable += 1
+                self.attention.activate(key)
+                self.attention.plan(key, batch.cu_seqlens_cpu, for_graph=False)
                 buf = batch.packed.to(self.device, non_blocking=True)
                 pooled = self._forward_on(buf, key, batch.cu_seqlens_cpu)
             return EmbeddingHandle.from_device(pooled, batch.num_seqs)

@@ -153,15 +153,19 @@ class _Entry:
 class GraphCache:
     """CUDA graphs per key, driven by a CapturePolicy; graphs share one memory pool.
 
-    `run(key, forward, before_replay)` runs `forward()` eagerly, captures it, or replays its
-    graph. `forward` must read its inputs from static device buffers that the caller fills
-    before each step; the graphs never run concurrently (one stream), which is what makes
-    sharing their pool safe.
+    The engine asks `decide(key)` first (so host-side planning knows whether a graph will
+    run), then `run(key, action, forward, backend)`, which runs `forward()` eagerly, captures
+    it, or replays its graph. `forward` must read its inputs from static device buffers
+    that the caller fills before each step. The graphs never run concurrently (one
+    stream), which is what makes sharing their pool safe. `on_evict(key)` is called for
+    every graph dropped by the LRU bound.
     """
 
-    def __init__(self, policy: CapturePolicy, device: torch.device) -> None:
+    def __init__(self, policy: CapturePolicy, device: torch.device,
+                 on_evict: Callable[[GraphKey], None] | None = None) -> None:
         self.policy = policy
         self.device = device
+        self.on_evict = on_evict
         self._entries: dict[GraphKey, _Entry] = {}
         self._pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
 
@@ -173,9 +177,13 @@ class GraphCache:
         entry = self._entries.get(key)
         return entry.backend if entry else None
 
-    def run(self, key: GraphKey, forward: Callable[[], torch.Tensor], backend: str) -> torch.Tensor:
-        """Run one step of `key`: eagerly, by capturing `forward`, or by replaying its graph."""
-        action = self.policy.decide(key)
+    def decide(self, key: GraphKey) -> Action:
+        """The policy's decision for this step of `key` (counted)."""
+        return self.policy.decide(key)
+
+    def run(self, key: GraphKey, action: Action, forward: Callable[[], torch.Tensor],
+            backend: str) -> torch.Tensor:
+        """Run one step of `key` as decided: eagerly, by capturing `forward`, or by replaying."""
         if action is Action.REPLAY:
             entry = self._entries[key]
             entry.graph.replay()
@@ -184,7 +192,7 @@ class GraphCache:
             return forward()
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self._pool):
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 output = forward()
         except RuntimeError as exc:
             # A model or backend that cannot be captured still serves, eagerly, for this key.
@@ -194,6 +202,8 @@ class GraphCache:
         self._entries[key] = _Entry(graph=graph, output=output, backend=backend)
         for old in self.policy.captured(key):
             self._entries.pop(old, None)
-        # The capture recorded the work without running it; run it once for this step.
+            if self.on_evict is not None:
+                self.on_evict(old)
+        # Capturing recorded the work without running it; replay once for this step.
         graph.replay()
         return output

@@ -105,11 +105,18 @@ class AttentionSelector:
         self._active = self.candidates[name]
         return name
 
-    def plan(self, key: GraphKey, cu_seqlens_cpu: torch.Tensor) -> None:
+    def plan(self, key: GraphKey, cu_seqlens_cpu: torch.Tensor, for_graph: bool) -> None:
         """Host-side planning for the active backend (a no-op for backends without a plan)."""
         plan = getattr(self._active, "plan", None)
         if plan is not None:
-            plan(key, cu_seqlens_cpu)
+            plan(key, cu_seqlens_cpu, for_graph)
+
+    def release(self, key: GraphKey) -> None:
+        """A graph of `key` was evicted: backends drop what they kept for it."""
+        for backend in self.candidates.values():
+            release = getattr(backend, "release", None)
+            if release is not None:
+                release(key)
 
     def choose(self, engine: "Engine", repeats: int = 20) -> None:
         """Time each candidate on a small and a large step of this model; keep the fastest per class."""
@@ -142,7 +149,7 @@ def _time_steps(engine: "Engine", batch: Any, repeats: int) -> float:
         times = []
         for i in range(repeats + 3):
             engine.attention.activate(key)
-            engine.attention.plan(key, batch.cu_seqlens_cpu)
+            engine.attention.plan(key, batch.cu_seqlens_cpu, for_graph=False)
             torch.cuda.synchronize(engine.device)
             start = time.perf_counter()
             engine._forward_on(buf, key, batch.cu_seqlens_cpu)
@@ -153,7 +160,8 @@ def _time_steps(engine: "Engine", batch: Any, repeats: int) -> float:
     return times[len(times) // 2]
 
 
-def make_attention(name: str, device: torch.device, spec: "ModelSpec") -> AttentionSelector:
+def make_attention(name: str, device: torch.device, spec: "ModelSpec",
+                   dtype: torch.dtype = torch.bfloat16) -> AttentionSelector:
     """The attention the engine builds its model with.
 
     "auto": the CPU path on CPU; on CUDA `varlen` plus FlashInfer where it can serve the model,
@@ -166,7 +174,7 @@ def make_attention(name: str, device: torch.device, spec: "ModelSpec") -> Attent
         candidates: dict[str, AttentionBackend] = {"varlen": get_backend("varlen")}
         why_not = flashinfer_usable(shape)
         if why_not is None:
-            candidates["flashinfer"] = get_backend("flashinfer", device=device, shape=shape, causal=spec.causal)
+            candidates["flashinfer"] = get_backend("flashinfer", device=device, shape=shape, causal=spec.causal, dtype=dtype)
         else:
             log.info("FlashInfer not a candidate for %s: %s", spec.name, why_not)
         return AttentionSelector(candidates, forced=None)
@@ -176,7 +184,7 @@ def make_attention(name: str, device: torch.device, spec: "ModelSpec") -> Attent
         why_not = flashinfer_usable(shape)
         if why_not is not None:
             raise ValueError(f"attention 'flashinfer' cannot serve {spec.name!r}: {why_not}")
-        backend = get_backend("flashinfer", device=device, shape=shape, causal=spec.causal)
+        backend = get_backend("flashinfer", device=device, shape=shape, causal=spec.causal, dtype=dtype)
     else:
         backend = get_backend(name)
     return AttentionSelector({name: backend}, forced=name)

@@ -1,0 +1,160 @@
+"""Model directories with seeded random weights for the real architectures (BGE-M3, BGE-base, Qwen3-0.6B), built locally."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One architecture: a transformers config, its sentence-transformers pooling and Fern overrides."""
+
+    family: str                 # "bert" | "xlm-roberta" | "qwen3"
+    config: dict[str, Any]
+    pooling: str                # "cls" | "mean" | "lasttoken"
+    normalize: bool
+    max_seq_length: int
+    fern: dict[str, Any] = field(default_factory=dict)
+
+
+_QWEN3_06B = dict(
+    hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+    head_dim=128, intermediate_size=3072, vocab_size=151669, max_position_embeddings=32768,
+    rope_theta=1000000.0, rms_norm_eps=1e-6, hidden_act="silu", tie_word_embeddings=True,
+    attention_bias=False, eos_token_id=151643, pad_token_id=151643, bos_token_id=151643,
+)
+
+ARCHS: dict[str, Arch] = {
+    # BGE-M3 is XLM-RoBERTa large: 24 layers, 1024 wide, 8192 positions, CLS pooling.
+    "bge-m3": Arch("xlm-roberta", dict(
+        hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+        vocab_size=250002, max_position_embeddings=8194, pad_token_id=1, bos_token_id=0,
+        eos_token_id=2, type_vocab_size=1, layer_norm_eps=1e-5, hidden_act="gelu"),
+        pooling="cls", normalize=True, max_seq_length=8192),
+    "bge-base": Arch("bert", dict(
+        hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+        vocab_size=30522, max_position_embeddings=512, type_vocab_size=2, layer_norm_eps=1e-12,
+        hidden_act="gelu", pad_token_id=0),
+        pooling="cls", normalize=True, max_seq_length=512),
+    # pplx-embed-v1-0.6b: Qwen3-0.6B with bidirectional attention, mean pooling, int8 output.
+    "pplx-0.6b": Arch("qwen3", dict(_QWEN3_06B), pooling="mean", normalize=False, max_seq_length=32768,
+                      fern=dict(causal=False, native_int8=True)),
+    # Qwen3-Embedding-0.6B: causal, last-token pooling.
+    "qwen3-emb-0.6b": Arch("qwen3", dict(_QWEN3_06B), pooling="lasttoken", normalize=True,
+                           max_seq_length=32768, fern=dict(causal=True)),
+}
+
+# Small versions of each family for GPU parity tests: realistic head sizes (64 and 128, GQA).
+TINY: dict[str, Arch] = {
+    "bert": Arch("bert", dict(ARCHS["bge-base"].config, hidden_size=256, num_hidden_layers=2,
+                              num_attention_heads=4, intermediate_size=512),
+                 pooling="cls", normalize=True, max_seq_length=512),
+    "xlm-roberta": Arch("xlm-roberta", dict(ARCHS["bge-m3"].config, hidden_size=256, num_hidden_layers=2,
+                                            num_attention_heads=4, intermediate_size=512, vocab_size=30522,
+                                            max_position_embeddings=514),
+                        pooling="mean", normalize=True, max_seq_length=512),
+    "qwen3-causal": Arch("qwen3", dict(_QWEN3_06B, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=128, intermediate_size=512,
+                                       vocab_size=30522, max_position_embeddings=1024,
+                                       eos_token_id=102, pad_token_id=0, bos_token_id=101),
+                         pooling="lasttoken", normalize=True, max_seq_length=512, fern=dict(causal=True)),
+    "qwen3-bidirectional": Arch("qwen3", dict(_QWEN3_06B, hidden_size=256, num_hidden_layers=2,
+                                              num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+                                              intermediate_size=512, vocab_size=30522,
+                                              max_position_embeddings=1024, eos_token_id=102,
+                                              pad_token_id=0, bos_token_id=101),
+                                pooling="mean", normalize=False, max_seq_length=512,
+                                fern=dict(causal=False, native_int8=True)),
+}
+
+_MODEL_TYPES = {"bert": "bert", "xlm-roberta": "xlm-roberta", "qwen3": "qwen3"}
+
+
+def transformers_model(arch: Arch) -> torch.nn.Module:
+    """An untrained transformers model of this architecture (weights from the current torch seed)."""
+    import transformers
+
+    if arch.family == "bert":
+        return transformers.BertModel(transformers.BertConfig(**arch.config), add_pooling_layer=False)
+    if arch.family == "xlm-roberta":
+        return transformers.XLMRobertaModel(transformers.XLMRobertaConfig(**arch.config), add_pooling_layer=False)
+    return transformers.Qwen3Model(transformers.Qwen3Config(**arch.config))
+
+
+def build_random_model(arch: Arch | str, out_dir: str | Path, *, seed: int = 0,
+                       dtype: torch.dtype = torch.float32, device: str = "cpu",
+                       tokenizer_from: str | Path | None = None) -> Path:
+    """Write a Hugging Face / sentence-transformers directory with seeded random weights.
+
+    The tokenizer is the bundled MiniLM's (BERT WordPiece, ids < 30522), valid for every
+    architecture here; speed and parity do not depend on which ids the text maps to.
+    Rebuilding an existing directory is skipped when its marker matches.
+    """
+    if isinstance(arch, str):
+        arch = ARCHS[arch] if arch in ARCHS else TINY[arch]
+    out = Path(out_dir)
+    marker = out / "fern-random.json"
+    fingerprint = json.dumps(dict(config=arch.config, pooling=arch.pooling, fern=arch.fern, seed=seed,
+                                  dtype=str(dtype)), sort_keys=True)
+    if marker.is_file() and marker.read_text() == fingerprint:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = transformers_model(arch)
+    model = model.to(dtype)
+    model.config.save_pretrained(out)
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(out / "model.safetensors"))
+    del model, state
+    if tokenizer_from is None:
+        from core_engine.loader import default_model_dir
+
+        tokenizer_from = default_model_dir()
+    shutil.copy(Path(tokenizer_from) / "tokenizer.json", out / "tokenizer.json")
+    for name in ("tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (Path(tokenizer_from) / name).is_file():
+            shutil.copy(Path(tokenizer_from) / name, out / name)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if arch.normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        (out / "2_Normalize").mkdir(exist_ok=True)
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    pooling = {f"pooling_mode_{m}": arch.pooling == m for m in
+               ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")}
+    pooling["pooling_mode_cls_token"] = arch.pooling == "cls"
+    pooling["pooling_mode_mean_tokens"] = arch.pooling == "mean"
+    pooling["word_embedding_dimension"] = arch.config["hidden_size"]
+    (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": arch.max_seq_length}))
+    if arch.fern:
+        (out / "fern.json").write_text(json.dumps(arch.fern))
+    marker.write_text(fingerprint)
+    return out
+
+
+def reference_pooled(model: torch.nn.Module, ids: list[int], pooling: str, causal: bool) -> torch.Tensor:
+    """transformers' pooled vector for one sequence (no padding), as float32 on the CPU."""
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([ids], device=device)
+    kwargs: dict[str, Any] = {}
+    if not causal and isinstance(model, __import__("transformers").Qwen3Model):
+        # A ready 4D mask is used as given: every token sees every token (bidirectional).
+        kwargs["attention_mask"] = torch.ones(1, 1, len(ids), len(ids), dtype=torch.bool, device=device)
+    with torch.inference_mode():
+        hidden = model(input_ids=input_ids, **kwargs).last_hidden_state[0].float()
+    if pooling == "cls":
+        return hidden[0].cpu()
+    if pooling == "lasttoken":
+        return hidden[-1].cpu()
+    return hidden.mean(0).cpu()

@@ -1,0 +1,716 @@
+"""The benchmark suite behind `fern bench`: latency, throughput + MFU, baseline comparison, capture cost, backends."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from benchmarks.models import ARCHS, build_random_model
+from benchmarks.texts import Workload, make_texts, workload_texts
+
+log = logging.getLogger("fern.bench")
+
+# Published by Perplexity for their stack on one H200 (the figures issue 3 sets goals against).
+PUBLISHED = {
+    "bge-m3": {"e2e_p50_ms": 1.53, "e2e_p50_ms_alt": 1.67, "embeddings_per_s": 1499.0,
+               "goal_e2e_p50_ms": 1.3, "goal_e2e_p50_ms_alt": 1.5, "goal_embeddings_per_s": 1900.0},
+    "pplx-0.6b": {"e2e_p50_ms": 1.88, "embeddings_per_s": 926.7,
+                  "goal_e2e_p50_ms": 1.6, "goal_embeddings_per_s": 1150.0},
+}
+GOAL_SPEEDUP = {"minilm": 10.0, "bge-base": 4.5}  # passages, Fern over sentence-transformers
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What `fern bench` was asked to do."""
+
+    suite: str = "cpu"
+    parts: tuple[str, ...] = ("latency", "throughput", "compare", "capture", "backends")
+    out: Path = Path("benchmarks/results")
+    device: str = "auto"
+    models_dir: Path | None = None
+    attention: str = "auto"
+    grpc: bool = True
+    tag: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes of one suite: which models, how many iterations, how long each load runs."""
+
+    latency_models: tuple[str, ...]
+    latency_lengths: tuple[int, ...]
+    latency_iters: int
+    e2e_iters: int
+    throughput_models: tuple[str, ...]
+    throughput_text_tokens: int
+    texts_per_request: tuple[int, ...]
+    throughput_seconds: float
+    e2e_clients: int
+    compare_models: tuple[str, ...]
+    workloads: tuple[Workload, ...]
+    st_batch_sizes: tuple[int, ...]
+    step_tokens: int
+    capture_model: str
+    capture_windows: tuple[float, float]  # first window (lazy capture under way), then after
+    server_flags: tuple[str, ...] = ()
+
+
+PLANS = {
+    "gpu": Plan(
+        latency_models=("bge-m3", "pplx-0.6b"),
+        latency_lengths=(16, 32, 64, 128, 256, 512),
+        latency_iters=300,
+        e2e_iters=1000,
+        throughput_models=("bge-m3", "pplx-0.6b"),
+        throughput_text_tokens=512,
+        texts_per_request=(1, 10, 50, 100, 200),
+        throughput_seconds=4.0,
+        e2e_clients=4,
+        compare_models=("minilm", "bge-base"),
+        workloads=(Workload("queries", 8, 24, 30000), Workload("passages", 64, 256, 8000),
+                   Workload("long", 384, 512, 3000)),
+        st_batch_sizes=(64, 128, 256, 512),
+        step_tokens=16384,
+        capture_model="bge-m3",
+        capture_windows=(60.0, 20.0),
+        server_flags=("--max-step-tokens", "32768"),
+    ),
+    "cpu": Plan(
+        latency_models=("minilm",),
+        latency_lengths=(16, 64, 128, 256),
+        latency_iters=15,
+        e2e_iters=15,
+        throughput_models=("minilm",),
+        throughput_text_tokens=128,
+        texts_per_request=(1, 10, 50),
+        throughput_seconds=2.0,
+        e2e_clients=1,
+        compare_models=("minilm",),
+        workloads=(Workload("queries", 8, 24, 256), Workload("passages", 64, 256, 48),
+                   Workload("long", 200, 256, 24)),
+        st_batch_sizes=(16, 64),
+        step_tokens=2048,
+        capture_model="minilm",
+        capture_windows=(8.0, 4.0),
+    ),
+}
+
+
+@dataclass
+class Context:
+    """Shared state of one suite run."""
+
+    options: BenchOptions
+    plan: Plan
+    device: str
+    models_dir: Path
+    log_dir: Path
+    matmul_tflops: float | None = None
+    notes: list[str] = field(default_factory=list)
+    _dirs: dict[str, Path] = field(default_factory=dict)
+
+    def model_dir(self, name: str) -> Path:
+        """The bundled MiniLM, or a random-weight directory of a real architecture (built once)."""
+        if name not in self._dirs:
+            if name == "minilm":
+                from core_engine.loader import default_model_dir
+
+                self._dirs[name] = default_model_dir()
+            else:
+                cuda = self.device.startswith("cuda")
+                started = time.perf_counter()
+                self._dirs[name] = build_random_model(
+                    ARCHS[name], self.models_dir / name, seed=0,
+                    dtype=torch.bfloat16 if cuda else torch.float32, device=self.device if cuda else "cpu")
+                log.info("model %s ready in %.1f s", name, time.perf_counter() - started)
+        return self._dirs[name]
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+def _percentiles(samples_ms: list[float]) -> dict[str, float] | None:
+    if not samples_ms:
+        return None
+    a = np.asarray(samples_ms)
+    return {"p50_ms": float(np.percentile(a, 50)), "p90_ms": float(np.percentile(a, 90)),
+            "p99_ms": float(np.percentile(a, 99)), "mean_ms": float(a.mean()), "n": int(a.size)}
+
+
+def _tokenizer(model_dir: Path, max_tokens: int) -> Tokenizer:
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(max_tokens)
+    return tok
+
+
+def _engine(ctx: Context, name: str, **kwargs: Any):
+    from core_engine.engine import Engine
+
+    return Engine(ctx.model_dir(name), name=name, device=ctx.device, attention=ctx.options.attention, **kwargs)
+
+
+def _engine_info(engine) -> dict[str, Any]:
+    return {"attention": dict(engine.attention.choices), "attention_ms": engine.attention.measurements,
+            "counters": engine.counters.as_dict(), "load_seconds": round(engine.load_seconds, 3),
+            "dtype": str(engine.dtype).replace("torch.", "")}
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def matmul_tflops(device: str) -> float:
+    """Median dense matmul rate in TFLOP/s: bf16 8192^3 on CUDA, fp32 1024^3 on the CPU."""
+    if device.startswith("cuda"):
+        n, dtype, reps = 8192, torch.bfloat16, 10
+    else:
+        n, dtype, reps = 1024, torch.float32, 5
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    times = []
+    for i in range(reps + 3):
+        _sync(device)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        _sync(device)
+        if i >= 3:
+            times.append(time.perf_counter() - start)
+    return 2 * n ** 3 / statistics.median(times) / 1e12
+
+
+def flops_per_token(config: dict[str, Any], family: str, seq_len: int, causal: bool) -> float:
+    """Matmul FLOPs per token of one forward pass (projections, MLP, attention; no embeddings)."""
+    h = config["hidden_size"]
+    heads = config["num_attention_heads"]
+    hd = config.get("head_dim") or h // heads
+    kv = config.get("num_key_value_heads") or heads
+    inter = config["intermediate_size"]
+    qd, kvd = heads * hd, kv * hd
+    proj = 2 * h * (qd + 2 * kvd) + 2 * qd * h
+    mlp = (3 if family == "qwen3" else 2) * 2 * h * inter
+    attn = 2 * 2 * seq_len * qd * (0.5 if causal else 1.0)
+    return float(config["num_hidden_layers"] * (proj + mlp + attn))
+
+
+def _sidecar_reason(ctx: Context) -> str | None:
+    if not ctx.options.grpc:
+        return "skipped (--no-grpc)"
+    from benchmarks.server import sidecar_available
+
+    return sidecar_available()
+
+
+def _serve(ctx: Context, name: str, extra: tuple[str, ...] = ()):
+    from benchmarks.server import start_sidecar
+
+    model = ctx.model_dir(name)
+    flags = list(ctx.plan.server_flags) + list(extra)
+    if ctx.options.attention != "auto":
+        flags += ["--attention", ctx.options.attention]
+    return start_sidecar(model, device=ctx.device, extra=flags, log_dir=ctx.log_dir, name=name)
+
+
+# ----------------------------------------------------------------------------------- parts
+
+def part_latency(ctx: Context) -> dict[str, Any]:
+    """Batch-1 latency against tokens per text: engine-level (ids and text in) and over gRPC."""
+    plan = ctx.plan
+    out: dict[str, Any] = {}
+    for name in plan.latency_models:
+        engine = _engine(ctx, name)
+        tok = _tokenizer(engine.spec.path, engine.spec.max_tokens)
+        per_length = {}
+        for length in plan.latency_lengths:
+            if length > engine.spec.max_tokens:
+                continue
+            texts = make_texts(tok, [length] * 8, seed=length)
+            ids = [e.ids for e in tok.encode_batch_fast(texts)]
+            for i in range(3):  # eager, capture, replay
+                engine.embed([ids[i % len(ids)]])
+            engine_ms, text_ms = [], []
+            for i in range(plan.latency_iters):
+                start = time.perf_counter()
+                engine.embed([ids[i % len(ids)]])
+                engine_ms.append((time.perf_counter() - start) * 1e3)
+                start = time.perf_counter()
+                engine.embed([tok.encode(texts[i % len(texts)]).ids])
+                text_ms.append((time.perf_counter() - start) * 1e3)
+            per_length[str(length)] = {"tokens": len(ids[0]), "engine": _percentiles(engine_ms),
+                                       "engine_with_tokenize": _percentiles(text_ms)}
+        entry: dict[str, Any] = {"engine": per_length, "engine_info": _engine_info(engine)}
+        del engine
+        torch.cuda.empty_cache() if ctx.device.startswith("cuda") else None
+        why_not = _sidecar_reason(ctx)
+        if why_not is None:
+            entry["e2e"] = _latency_e2e(ctx, name, tok)
+        else:
+            entry["e2e"] = {"skipped": why_not}
+        if name in PUBLISHED:
+            entry["published"] = PUBLISHED[name]
+        out[name] = entry
+    return out
+
+
+def _latency_e2e(ctx: Context, name: str, tok: Tokenizer) -> dict[str, Any]:
+    from sidecar.client import FernClient
+
+    served = _serve(ctx, name)
+    try:
+        result: dict[str, Any] = {"seconds_to_serving": round(served.seconds_to_serving, 2),
+                                  "server_command": " ".join(served.command)}
+        with FernClient(served.target) as client:
+            for length in (128,) if ctx.plan.latency_lengths else ():
+                texts = make_texts(tok, [length] * 8, seed=length)
+                for i in range(20):
+                    client.embed([texts[i % len(texts)]])
+                samples = []
+                for i in range(ctx.plan.e2e_iters):
+                    start = time.perf_counter()
+                    client.embed([texts[i % len(texts)]])
+                    samples.append((time.perf_counter() - start) * 1e3)
+                result[str(length)] = _percentiles(samples)
+        return result
+    finally:
+        served.stop()
+
+
+def _pipelined(engine, requests: list[list[list[int]]], seconds: float) -> tuple[int, int, float]:
+    """Steps requests back to back (prepare N+1 while N runs) for `seconds`: (texts, tokens, elapsed)."""
+    texts = tokens = 0
+    pending = None
+    pending_n = pending_t = 0
+    i = 0
+    start = time.perf_counter()
+    while True:
+        seqs = requests[i % len(requests)]
+        i += 1
+        handle = engine.step(engine.prepare(seqs))
+        if pending is not None:
+            pending.result()
+            texts += pending_n
+            tokens += pending_t
+        pending, pending_n, pending_t = handle, len(seqs), sum(map(len, seqs))
+        if time.perf_counter() - start >= seconds:
+            break
+    pending.result()
+    texts += pending_n
+    tokens += pending_t
+    return texts, tokens, time.perf_counter() - start
+
+
+def part_throughput(ctx: Context) -> dict[str, Any]:
+    """Embeddings/s on fixed-length texts against texts per request, engine-level and over gRPC, with MFU."""
+    plan = ctx.plan
+    if ctx.matmul_tflops is None:
+        ctx.matmul_tflops = matmul_tflops(ctx.device)
+    out: dict[str, Any] = {"matmul_tflops": round(ctx.matmul_tflops, 1), "text_tokens": plan.throughput_text_tokens}
+    biggest = max(plan.texts_per_request) * plan.throughput_text_tokens
+    for name in plan.throughput_models:
+        engine = _engine(ctx, name, max_step_tokens=biggest)
+        tok = _tokenizer(engine.spec.path, engine.spec.max_tokens)
+        length = min(plan.throughput_text_tokens, engine.spec.max_tokens)
+        texts = make_texts(tok, [length] * (4 * max(plan.texts_per_request)), seed=3)
+        ids = [e.ids for e in tok.encode_batch_fast(texts)]
+        fpt = flops_per_token(engine.spec.config, engine.spec.family, length, engine.spec.causal)
+        rows = {}
+        for n in plan.texts_per_request:
+            requests = [ids[k * n:(k + 1) * n] for k in range(4)]
+            for r in requests[:3]:  # eager, capture, replay
+                engine.embed(r)
+            done, tokens, elapsed = _pipelined(engine, requests, plan.throughput_seconds)
+            tflops = tokens / elapsed * fpt / 1e12
+            rows[str(n)] = {"embeddings_per_s": done / elapsed, "tokens_per_s": tokens / elapsed,
+                            "tflops": tflops, "mfu": tflops / ctx.matmul_tflops}
+        entry: dict[str, Any] = {"engine": rows, "flops_per_token": fpt, "engine_info": _engine_info(engine)}
+        del engine
+        torch.cuda.empty_cache() if ctx.device.startswith("cuda") else None
+        why_not = _sidecar_reason(ctx)
+        entry["e2e"] = _throughput_e2e(ctx, name, texts) if why_not is None else {"skipped": why_not}
+        if name in PUBLISHED:
+            entry["published"] = PUBLISHED[name]
+        out[name] = entry
+    return out
+
+
+def _throughput_e2e(ctx: Context, name: str, texts: list[str]) -> dict[str, Any]:
+    from sidecar.client import FernClient
+
+    plan = ctx.plan
+    n = 100 if 100 in plan.texts_per_request else max(plan.texts_per_request)
+    served = _serve(ctx, name)
+    try:
+        requests = [texts[k * n:(k + 1) * n] for k in range(4)]
+        counts = [0] * plan.e2e_clients
+        latencies: list[float] = []
+        stop = threading.Event()
+
+        def client_loop(slot: int) -> None:
+            with FernClient(served.target, timeout=120) as client:
+                k = slot
+                while not stop.is_set():
+                    start = time.perf_counter()
+                    client.embed(requests[k % len(requests)], lane="batch")
+                    latencies.append((time.perf_counter() - start) * 1e3)
+                    counts[slot] += n
+                    k += 1
+
+        with FernClient(served.target, timeout=120) as warm:
+            for r in requests[:3]:
+                warm.embed(r, lane="batch")
+        threads = [threading.Thread(target=client_loop, args=(s,)) for s in range(plan.e2e_clients)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        time.sleep(plan.throughput_seconds * 2)
+        stop.set()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - start
+        return {"texts_per_request": n, "clients": plan.e2e_clients, "embeddings_per_s": sum(counts) / elapsed,
+                "request_latency": _percentiles(latencies), "server_command": " ".join(served.command)}
+    finally:
+        served.stop()
+
+
+def _chunks(texts: list[str], per_chunk: int) -> list[list[str]]:
+    return [texts[i:i + per_chunk] for i in range(0, len(texts), per_chunk)]
+
+
+def _fern_texts_to_vectors(engine, tok: Tokenizer, chunks: list[list[str]], pool: ThreadPoolExecutor) -> int:
+    """Tokenize (on the pool, ahead) and embed every chunk, one step each, pipelined; returns tokens."""
+    futures = [pool.submit(tok.encode_batch_fast, c) for c in chunks]
+    tokens = 0
+    pending = None
+    for fut in futures:
+        seqs = [e.ids for e in fut.result()]
+        tokens += sum(map(len, seqs))
+        handle = engine.step(engine.prepare(seqs))
+        if pending is not None:
+            pending.result()
+        pending = handle
+    if pending is not None:
+        pending.result()
+    return tokens
+
+
+def part_compare(ctx: Context) -> dict[str, Any]:
+    """Tokens/s, tokenization included, against sentence-transformers encode() at its best batch size."""
+    from sentence_transformers import SentenceTransformer
+
+    plan = ctx.plan
+    cuda = ctx.device.startswith("cuda")
+    workers = os.cpu_count() or 2
+    out: dict[str, Any] = {"tokenizer_threads": workers}
+    for name in plan.compare_models:
+        engine = _engine(ctx, name, max_step_tokens=plan.step_tokens * 2)
+        tok = _tokenizer(engine.spec.path, engine.spec.max_tokens)
+        st = SentenceTransformer(str(engine.spec.path), device=ctx.device)
+        st.max_seq_length = engine.spec.max_tokens
+        if cuda:
+            st.half()
+        rows = {}
+        with ThreadPoolExecutor(workers) as pool:
+            for wl in plan.workloads:
+                high = min(wl.high, engine.spec.max_tokens)
+                texts = workload_texts(tok, Workload(wl.name, min(wl.low, high), high, wl.count), seed=11)
+                per_chunk = max(1, plan.step_tokens // ((wl.low + high) // 2))
+                chunks = _chunks(texts, per_chunk)
+                # Tokenizer alone, all threads.
+                start = time.perf_counter()
+                ids = [e.ids for part in pool.map(tok.encode_batch_fast, _chunks(texts, 1024)) for e in part]
+                tok_s = time.perf_counter() - start
+                total = sum(map(len, ids))
+                # Fern, text to vectors; two warm passes (eager, then capture) when graphs are on.
+                for _ in range(2 if cuda else 0):
+                    _fern_texts_to_vectors(engine, tok, chunks, pool)
+                start = time.perf_counter()
+                tokens = _fern_texts_to_vectors(engine, tok, chunks, pool)
+                fern_s = time.perf_counter() - start
+                # Fern engine only (pre-tokenized), the same steps.
+                id_chunks = [ids[i:i + per_chunk] for i in range(0, len(ids), per_chunk)]
+                start = time.perf_counter()
+                _pipelined_once(engine, id_chunks)
+                engine_s = time.perf_counter() - start
+                # sentence-transformers at each batch size (the first, shortest call warms it).
+                st.encode(texts[:64], batch_size=64)
+                st_rates = {}
+                for bs in plan.st_batch_sizes:
+                    _sync(ctx.device)
+                    start = time.perf_counter()
+                    st.encode(texts, batch_size=bs, convert_to_numpy=True)
+                    _sync(ctx.device)
+                    st_rates[str(bs)] = total / (time.perf_counter() - start)
+                best_bs = max(st_rates, key=st_rates.get)
+                rows[wl.name] = {
+                    "texts": len(texts), "tokens": total, "tokens_per_text": total / len(texts),
+                    "fern_tokens_per_s": tokens / fern_s, "fern_engine_tokens_per_s": total / engine_s,
+                    "tokenizer_tokens_per_s": total / tok_s, "st_tokens_per_s": st_rates,
+                    "st_best_batch_size": int(best_bs), "st_best_tokens_per_s": st_rates[best_bs],
+                    "speedup": (tokens / fern_s) / st_rates[best_bs], "step_texts": per_chunk,
+                }
+        entry = {"workloads": rows, "engine_info": _engine_info(engine),
+                 "st_dtype": "float16" if cuda else "float32"}
+        if name in GOAL_SPEEDUP:
+            entry["goal_speedup_passages"] = GOAL_SPEEDUP[name]
+        out[name] = entry
+        del engine, st
+        torch.cuda.empty_cache() if cuda else None
+    return out
+
+
+def _pipelined_once(engine, id_chunks: list[list[list[int]]]) -> None:
+    pending = None
+    for seqs in id_chunks:
+        handle = engine.step(engine.prepare(seqs))
+        if pending is not None:
+            pending.result()
+        pending = handle
+    if pending is not None:
+        pending.result()
+
+
+def _mixed_request(rng: random.Random, pool: list[str]) -> list[str]:
+    return [pool[rng.randrange(len(pool))] for _ in range(rng.choice((1, 1, 1, 2, 4, 8, 16)))]
+
+
+def part_capture(ctx: Context) -> dict[str, Any]:
+    """Time to SERVING with lazy capture, and latency during the first window of a mixed load against after."""
+    plan = ctx.plan
+    name = plan.capture_model
+    model = ctx.model_dir(name)
+    from core_engine.config import load_spec
+
+    spec = load_spec(model)
+    tok = _tokenizer(model, spec.max_tokens)
+    rng = random.Random(5)
+    lengths = [rng.randint(8, min(512, spec.max_tokens)) for _ in range(400)]
+    pool = make_texts(tok, lengths, seed=6)
+    first, after = plan.capture_windows
+    samples: list[tuple[float, float]] = []
+    why_not = _sidecar_reason(ctx)
+    result: dict[str, Any] = {"model": name, "windows_s": [first, after]}
+    if why_not is None:
+        from sidecar.client import FernClient
+
+        served = _serve(ctx, name)
+        result["mode"] = "e2e gRPC (fern serve subprocess)"
+        result["seconds_to_serving"] = round(served.seconds_to_serving, 2)
+        result["server_command"] = " ".join(served.command)
+        try:
+            with FernClient(served.target, timeout=120) as client:
+                t0 = time.perf_counter()
+                while (now := time.perf_counter() - t0) < first + after:
+                    req = _mixed_request(rng, pool)
+                    start = time.perf_counter()
+                    client.embed(req)
+                    samples.append((now, (time.perf_counter() - start) * 1e3))
+        finally:
+            served.stop()
+    else:
+        from core_engine.engine import Engine
+
+        result["mode"] = f"engine-level (sidecar: {why_not})"
+        started = time.perf_counter()
+        engine = Engine(model, device=ctx.device, attention=ctx.options.attention)
+        result["seconds_to_ready"] = round(time.perf_counter() - started, 2)
+        t0 = time.perf_counter()
+        while (now := time.perf_counter() - t0) < first + after:
+            req = [e.ids for e in tok.encode_batch_fast(_mixed_request(rng, pool))]
+            start = time.perf_counter()
+            engine.embed(req)
+            samples.append((now, (time.perf_counter() - start) * 1e3))
+        result["engine_info"] = _engine_info(engine)
+    result["first_window"] = _percentiles([ms for t, ms in samples if t < first])
+    result["after"] = _percentiles([ms for t, ms in samples if t >= first])
+    result["timeline"] = [[round(t, 3), round(ms, 3)] for t, ms in samples[:: max(1, len(samples) // 2000)]]
+    return result
+
+
+def part_backends(ctx: Context) -> dict[str, Any]:
+    """Attention backends per model: the eager per-step measurement and graph-replayed latency of each."""
+    if not ctx.device.startswith("cuda"):
+        return {"skipped": "attention backends other than the CPU path need CUDA"}
+    from core_engine.attention.select import attention_shape, flashinfer_usable
+    from core_engine.config import load_spec
+    from core_engine.engine import Engine
+
+    out: dict[str, Any] = {}
+    names = dict.fromkeys(ctx.plan.latency_models + ctx.plan.throughput_models + ctx.plan.compare_models)
+    for name in names:
+        spec = load_spec(ctx.model_dir(name))
+        why_not = flashinfer_usable(attention_shape(spec))
+        entry: dict[str, Any] = {"flashinfer": why_not or "usable"}
+        for backend in ["varlen"] + ([] if why_not else ["flashinfer"]):
+            try:
+                engine = Engine(spec.path, device=ctx.device, attention=backend)
+            except (RuntimeError, ValueError) as exc:
+                entry[backend] = {"error": str(exc)}
+                continue
+            tok = _tokenizer(spec.path, spec.max_tokens)
+            rows = {}
+            for label, count, length in (("1x128", 1, 128), ("16x512", 16, 512)):
+                length = min(length, spec.max_tokens)
+                ids = [e.ids for e in tok.encode_batch_fast(make_texts(tok, [length] * count, seed=9))]
+                for _ in range(3):
+                    engine.embed(ids)
+                times = []
+                for _ in range(50):
+                    start = time.perf_counter()
+                    engine.embed(ids)
+                    times.append((time.perf_counter() - start) * 1e3)
+                rows[label] = _percentiles(times)
+            entry[backend] = rows
+            del engine
+        out[name] = entry
+    return out
+
+
+PARTS: dict[str, Callable[[Context], dict[str, Any]]] = {
+    "latency": part_latency, "throughput": part_throughput, "compare": part_compare,
+    "capture": part_capture, "backends": part_backends,
+}
+
+
+# ----------------------------------------------------------------------------------- driver
+
+def environment(options: BenchOptions, device: str) -> dict[str, Any]:
+    """Where and how the numbers were taken."""
+    import transformers
+
+    try:
+        import sentence_transformers
+
+        st_version = sentence_transformers.__version__
+    except ImportError:
+        st_version = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = os.environ.get("FERN_GIT_COMMIT")
+    try:
+        import flashinfer
+
+        fi_version = flashinfer.__version__
+    except ImportError:
+        fi_version = None
+    return {
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "argv": sys.argv,
+        "options": {k: str(v) for k, v in asdict(options).items()},
+        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": device,
+        "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "sentence_transformers": st_version,
+        "flashinfer": fi_version,
+        "git_commit": commit,
+        "hostname": platform.node(),
+    }
+
+
+def run_suite(options: BenchOptions) -> dict[str, Any]:
+    """Run the selected parts, write `<suite><tag>.json` and its plots under options.out; return the results."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if options.suite not in PLANS:
+        raise ValueError(f"suite {options.suite!r} is unknown; choose one of {sorted(PLANS)}")
+    from core_engine.engine import resolve_device
+
+    device = str(resolve_device(options.device))
+    if options.suite == "gpu" and not device.startswith("cuda"):
+        raise ValueError(f"suite 'gpu' needs a CUDA device, got {device}")
+    plan = PLANS[options.suite]
+    stem = f"{options.suite}{('-' + options.tag) if options.tag else ''}"
+    options.out.mkdir(parents=True, exist_ok=True)
+    ctx = Context(options, plan, device,
+                  models_dir=options.models_dir or Path(os.environ.get("FERN_BENCH_MODELS", "/tmp/fern-bench-models")),
+                  log_dir=options.out / f"{stem}-logs")
+    results: dict[str, Any] = {"environment": environment(options, device), "plan": _plan_dict(plan), "parts": {}}
+    path = options.out / f"{stem}.json"
+    for part in options.parts:
+        started = time.perf_counter()
+        log.info("part %s ...", part)
+        try:
+            results["parts"][part] = PARTS[part](ctx)
+        except Exception as exc:  # noqa: BLE001 - one failing part must not lose the others' numbers
+            log.exception("part %s failed", part)
+            results["parts"][part] = {"error": f"{type(exc).__name__}: {exc}"}
+        results["parts"][part]["seconds"] = round(time.perf_counter() - started, 1)
+        path.write_text(json.dumps(results, indent=1, default=str))
+    results["notes"] = ctx.notes
+    path.write_text(json.dumps(results, indent=1, default=str))
+    from benchmarks.plots import write_plots
+
+    plots = write_plots(results, options.out, stem)
+    print(summary(results))
+    print(f"wrote {path}" + "".join(f", {p}" for p in plots))
+    return results
+
+
+def _plan_dict(plan: Plan) -> dict[str, Any]:
+    d = asdict(plan)
+    d["workloads"] = [asdict(w) for w in plan.workloads]
+    return d
+
+
+def summary(results: dict[str, Any]) -> str:
+    """The headline table as text."""
+    parts = results["parts"]
+    lines = [f"# {results['environment']['device_name']} · torch {results['environment']['torch']} · "
+             f"{results['environment']['date_utc']}"]
+    for name, e in (parts.get("latency") or {}).items():
+        if not isinstance(e, dict) or "engine" not in e:
+            continue
+        eng = e["engine"].get("128") or next(iter(e["engine"].values()), None)
+        e2e = e.get("e2e", {}).get("128")
+        lines.append(f"latency {name}: engine p50 {eng['engine']['p50_ms']:.3f} ms p99 {eng['engine']['p99_ms']:.3f} ms"
+                     + (f" | e2e gRPC p50 {e2e['p50_ms']:.3f} ms p99 {e2e['p99_ms']:.3f} ms" if e2e else
+                        f" | e2e {e.get('e2e', {}).get('skipped', 'n/a')}"))
+    tp = parts.get("throughput") or {}
+    for name, e in tp.items():
+        if not isinstance(e, dict) or "engine" not in e:
+            continue
+        row = e["engine"].get("100") or e["engine"][max(e["engine"], key=int)]
+        e2e = e.get("e2e", {})
+        lines.append(f"throughput {name}: engine {row['embeddings_per_s']:.0f} emb/s, MFU {row['mfu']:.1%}"
+                     + (f" | e2e {e2e['embeddings_per_s']:.0f} emb/s" if "embeddings_per_s" in e2e else ""))
+    for name, e in (parts.get("compare") or {}).items():
+        if not isinstance(e, dict) or "workloads" not in e:
+            continue
+        for wl, r in e["workloads"].items():
+            lines.append(f"compare {name} {wl}: Fern {r['fern_tokens_per_s'] / 1e3:.0f} k tok/s "
+                         f"(engine {r['fern_engine_tokens_per_s'] / 1e3:.0f} k, tokenizer {r['tokenizer_tokens_per_s'] / 1e3:.0f} k) "
+                         f"vs ST {r['st_best_tokens_per_s'] / 1e3:.0f} k (bs {r['st_best_batch_size']}): {r['speedup']:.1f}x")
+    cap = parts.get("capture") or {}
+    if "first_window" in cap:
+        ready = cap.get("seconds_to_serving", cap.get("seconds_to_ready"))
+        p99 = [f"{w['p99_ms']:.2f} ms" if w else "no requests" for w in (cap["first_window"], cap["after"])]
+        lines.append(f"capture {cap['model']}: ready in {ready} s; p99 first window {p99[0]} vs after {p99[1]} "
+                     f"({cap['mode']})")
+    for part, e in parts.items():
+        if isinstance(e, dict) and "error" in e:
+            lines.append(f"{part}: ERROR {e['error']}")
+    return "\n".join(lines)
