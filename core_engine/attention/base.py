@@ -1,0 +1,52 @@
+"""The packed-attention contract: per-batch metadata and the backend protocol every kernel implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Describes one packed batch of B sequence slots laid end to end in T tokens.
+
+    Sequence ``b`` owns tokens ``cu_seqlens[b]:cu_seqlens[b + 1]``; there is no padding
+    between sequences. Zero-length slots are allowed (CUDA-graph padding) and pool to
+    zeros. Tokens past ``cu_seqlens[-1]`` (bucket padding) belong to no sequence: their
+    ``seq_ids`` entry must be ``B`` so pooling drops them, and backends never read them.
+    """
+
+    cu_seqlens: torch.Tensor  # int32 [B + 1] on the model's device
+    max_seqlen: int  # upper bound on any slot's length (host int, part of a graph key)
+    seq_ids: torch.Tensor  # int64 [T] slot of each token, B for bucket-padding tokens
+    seq_lens: torch.Tensor  # [B] slot lengths (int or float) on the model's device
+    causal: bool  # True: token i attends to tokens <= i of its own sequence only
+    # Optional host (CPU int32) copy of cu_seqlens. Backends that plan on the host
+    # (the per-sequence CPU path, FlashInfer's plan()) use it instead of reading the
+    # device tensor back, which would be a host sync.
+    cu_seqlens_cpu: torch.Tensor | None = None
+
+    @property
+    def num_seqs(self) -> int:
+        """Number of sequence slots B (a shape, so no device read)."""
+        return self.cu_seqlens.shape[0] - 1
+
+
+@runtime_checkable
+class AttentionBackend(Protocol):
+    """Packed variable-length attention with softmax scale 1/sqrt(head_dim).
+
+    ``q`` is [T, Hq, D]; ``k`` and ``v`` are [T, Hkv, D] with Hq a multiple of Hkv
+    (grouped-query attention: query head h reads kv head h // (Hq // Hkv)). Returns
+    [T, Hq, D] in q's dtype. Attention never crosses a sequence boundary; ``meta.causal``
+    restricts it further to earlier tokens of the same sequence. Rows for tokens that
+    belong to no sequence may hold anything (they are dropped by pooling).
+    """
+
+    name: str
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor: ...

