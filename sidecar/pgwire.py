@@ -23,7 +23,6 @@ import hashlib
 import hmac
 import logging
 import secrets
-import ssl
 import struct
 from dataclasses import dataclass, field
 
@@ -283,6 +282,11 @@ class ScramExchange:
 
 # ---- the server ---------------------------------------------------------------------------
 
+_SIMPLE_QUERY_ONLY = error_response(
+    sqlliteral.FEATURE_NOT_SUPPORTED, "Fern's SQL endpoint speaks only the simple query protocol",
+    hint="Send the statement as one query string (psycopg: a query without parameters, or "
+         "ClientCursor; dblink does this).")
+
 
 def _canonical_encoding(name: str) -> str:
     return name.replace("-", "").replace("_", "").upper()
@@ -308,8 +312,7 @@ class PgWireServer:
     """
 
     def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int = 0,
-                 password: str = "", *, ssl_context: ssl.SSLContext | None = None,
-                 max_connections: int = 256,
+                 password: str = "", *, max_connections: int = 256,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         if not password:
             raise ValueError("the Postgres endpoint needs a password (the sidecar's token); "
@@ -317,7 +320,6 @@ class PgWireServer:
         self.gateway = gateway
         self.host = host
         self.port = port
-        self.ssl_context = ssl_context
         self.max_connections = max_connections
         self.max_message_bytes = max_message_bytes
         self._verifier = ScramVerifier.from_password(password)
@@ -391,16 +393,11 @@ class PgWireServer:
                        writer: asyncio.StreamWriter) -> _Session | None:
         payload = await self._read_startup(reader)
         code, = struct.unpack("!I", payload[:4])
-        if code == SSL_REQUEST:
-            if self.ssl_context is None:
-                writer.write(b"N")
-            else:
-                writer.write(b"S")
-                await writer.drain()
-                await writer.start_tls(self.ssl_context)
-            payload = await self._read_startup(reader)
-            code, = struct.unpack("!I", payload[:4])
-        if code == GSSENC_REQUEST:
+        # The sidecar's listeners are plaintext (loopback by default): encryption requests
+        # get 'N', and libpq's default sslmode=prefer goes on in the clear.
+        refused: set[int] = set()
+        while code in (SSL_REQUEST, GSSENC_REQUEST) and code not in refused:
+            refused.add(code)
             writer.write(b"N")
             payload = await self._read_startup(reader)
             code, = struct.unpack("!I", payload[:4])
@@ -522,14 +519,15 @@ class PgWireServer:
             elif tag == b"S":
                 skipping_to_sync = False
                 writer.write(ready_for_query())
-            elif tag in b"PBDECHF" and len(tag) == 1:
+            elif tag in (b"P", b"B", b"D", b"E", b"C", b"H"):
+                # Extended query: one error, then discard until Sync, as the protocol asks.
                 if not skipping_to_sync:
-                    writer.write(error_response(
-                        sqlliteral.FEATURE_NOT_SUPPORTED,
-                        "Fern's SQL endpoint speaks only the simple query protocol",
-                        hint="Send the statement as one query string (psycopg: a query "
-                             "without parameters, or ClientCursor; dblink does this)."))
+                    writer.write(_SIMPLE_QUERY_ONLY)
                     skipping_to_sync = True
+            elif tag == b"F":
+                writer.write(_SIMPLE_QUERY_ONLY + ready_for_query())
+            elif tag in (b"d", b"c", b"f"):
+                pass  # COPY messages outside COPY are ignored, per the protocol
             else:
                 raise ProtocolError(PROTOCOL_VIOLATION, f"invalid frontend message type {tag!r}")
             await writer.drain()
@@ -561,6 +559,10 @@ class PgWireServer:
         except EmbedError as exc:
             writer.write(error_response(SQLSTATE_OF_CODE.get(exc.code, INTERNAL_ERROR),
                                         exc.message))
+        except Exception as exc:  # a bug here must not end the session; the client and the log see it
+            log.exception("Postgres endpoint: query failed")
+            writer.write(error_response(INTERNAL_ERROR, f"internal error in Fern's SQL endpoint: "
+                                        f"{type(exc).__name__}: {exc}"))
         writer.write(ready_for_query())
 
     def _set(self, session: _Session, stmt: SetCommand) -> bytes:
