@@ -115,20 +115,39 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    help="logging level (env FERN_LOG_LEVEL; default %(default)s)")
 
 
+def _env_optional_bool(name: str) -> bool | None:
+    value = (_env(name, "") or "").strip().lower()
+    if not value:
+        return None
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SystemExit(f"fern: FERN_{name}={value!r} is not true or false")
+
+
 def _embed_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", dest="model_name", default="",
-                   help="which served model, by name (default: the sidecar's default)")
-    p.add_argument("--prompt", default=None, help="prompt name, e.g. query or passage")
-    p.add_argument("--lane", choices=("online", "batch"), default="online")
-    p.add_argument("--dimensions", type=int, default=0, help="Matryoshka truncation (0 = full)")
-    p.add_argument("--encoding", choices=("float32", "float16", "int8", "binary"), default="float32")
+    p.add_argument("--model", dest="model_name", default=_env("EMBED_MODEL", ""),
+                   help="which served model, by name (env FERN_EMBED_MODEL; default: the "
+                        "sidecar's default)")
+    p.add_argument("--prompt", default=_env("PROMPT"),
+                   help="prompt name, e.g. query or passage (env FERN_PROMPT)")
+    p.add_argument("--lane", choices=("online", "batch"), default=_env("LANE", "online"),
+                   help="scheduler lane (env FERN_LANE; default %(default)s)")
+    p.add_argument("--dimensions", type=int, default=_env_int("DIMENSIONS", 0),
+                   help="Matryoshka truncation, 0 = full (env FERN_DIMENSIONS)")
+    p.add_argument("--encoding", choices=("float32", "float16", "int8", "binary"),
+                   default=_env("ENCODING", "float32"), help="env FERN_ENCODING")
     norm = p.add_mutually_exclusive_group()
-    norm.add_argument("--normalize", dest="normalize", action="store_true", default=None,
-                      help="L2-normalize (default: the model's choice)")
+    norm.add_argument("--normalize", dest="normalize", action="store_true",
+                      default=_env_optional_bool("NORMALIZE"),
+                      help="L2-normalize (env FERN_NORMALIZE=true|false; default: the model's choice)")
     norm.add_argument("--no-normalize", dest="normalize", action="store_false")
-    p.add_argument("--no-truncate", action="store_true",
-                   help="reject inputs over the model's limit instead of cutting them")
-    p.add_argument("--sparse", action="store_true", help="also print sparse lexical vectors")
+    p.add_argument("--no-truncate", action="store_true", default=_env_bool("NO_TRUNCATE"),
+                   help="reject inputs over the model's limit instead of cutting them "
+                        "(env FERN_NO_TRUNCATE=1)")
+    p.add_argument("--sparse", action="store_true", default=_env_bool("SPARSE"),
+                   help="also print sparse lexical vectors (env FERN_SPARSE=1)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,24 +164,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("texts", nargs="+", metavar="TEXT")
     _client_args(p)
     _embed_options(p)
-    p.add_argument("--local", action="store_true",
-                   help="run the engine in this process instead of calling a sidecar")
+    p.add_argument("--local", action="store_true", default=_env_bool("LOCAL"),
+                   help="run the engine in this process instead of calling a sidecar "
+                        "(env FERN_LOCAL=1)")
     _model_args(p, "--model-dir")
     p.set_defaults(func=cmd_embed)
 
     p = verbs.add_parser("models", help="list the served models as JSON")
     _client_args(p)
-    p.add_argument("--local", action="store_true", help="describe local model directories instead")
+    p.add_argument("--local", action="store_true", default=_env_bool("LOCAL"),
+                   help="describe local model directories instead (env FERN_LOCAL=1)")
     p.add_argument("--model-dir", action="append", dest="models", metavar="[NAME=]DIR",
-                   default=None, help="with --local: the model directories (default: the bundled one)")
+                   default=None, help="with --local: the model directories (env FERN_MODEL, "
+                                      "comma-separated; default: the bundled one)")
     p.set_defaults(func=cmd_models)
 
     p = verbs.add_parser("demo", help="start the sidecar, run the Postgres and Qdrant demos, keep serving")
     _serve_args(p)
     p.add_argument("--exit", action="store_true", default=_env_bool("DEMO_EXIT"),
                    help="stop after the demos instead of serving until Ctrl-C (env FERN_DEMO_EXIT=1)")
-    p.add_argument("--only", choices=("postgres", "qdrant"), action="append", default=None,
-                   help="run only these demos (repeatable)")
+    p.add_argument("--only", choices=("postgres", "qdrant"), action="append",
+                   default=[d for d in (_env("DEMO_ONLY", "") or "").split(",") if d] or None,
+                   help="run only these demos (repeatable; env FERN_DEMO_ONLY, comma-separated)")
     p.set_defaults(func=cmd_demo)
 
     for module in ("adapters.postgres.cli", "adapters.qdrant.cli", "benchmarks.cli"):
