@@ -1,0 +1,64 @@
+"""Draining an in-process Sidecar: an open EmbedStream gets its answers, then UNAVAILABLE; health flips."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+
+from sidecar.client import AsyncFernClient, FernError
+from sidecar.registry import ModelSource, Registry
+from sidecar.server import Sidecar
+
+
+@pytest.fixture(scope="module")
+def registry():
+    reg = Registry.load([ModelSource(None)], device="cpu", tokenizer_workers=1)
+    yield reg
+    reg.close()
+
+
+def test_open_stream_is_answered_then_told_to_go_elsewhere(registry):
+    async def main():
+        sidecar = Sidecar(registry, port=0)
+        await sidecar.start()
+        sent_two = asyncio.Event()
+        never = asyncio.Event()
+
+        async def requests():
+            yield ("one", ["first request"])
+            yield ("two", ["second request"])
+            sent_two.set()
+            await never.wait()  # an idle client that keeps its stream open
+            yield ("three", ["never read"])
+
+        results, failure = [], None
+        async with AsyncFernClient(sidecar.target, timeout=60) as client:
+            async def consume():
+                nonlocal failure
+                try:
+                    async for r in client.embed_stream(requests()):
+                        results.append(r)
+                except FernError as error:
+                    failure = error
+
+            consumer = asyncio.create_task(consume())
+            await sent_two.wait()
+            while len(results) < 2:
+                await asyncio.sleep(0.01)
+            stopping = asyncio.create_task(sidecar.stop(grace=30))
+            await asyncio.wait_for(consumer, 30)
+            await asyncio.wait_for(stopping, 30)
+            never.set()
+        # The server is closed now; ask its health servicer directly.
+        health = await sidecar.health.Check(health_pb2.HealthCheckRequest(), None)
+        return results, failure, health.status
+
+    results, failure, health = asyncio.run(main())
+    assert sorted(r.request_id for r in results) == ["one", "two"]
+    assert all(r.error is None for r in results)
+    assert failure is not None and failure.code == grpc.StatusCode.UNAVAILABLE
+    assert "draining" in failure.message
+    assert health == health_pb2.HealthCheckResponse.NOT_SERVING
