@@ -62,6 +62,12 @@ class TextTokenizer:
         self.vocab_size = self._full.get_vocab_size(with_added_tokens=True)
         self._pool = ThreadPoolExecutor(workers or default_workers(),
                                         thread_name_prefix="fern-tokenize")
+        # tokenizers >= 0.21 can skip computing character offsets, which Fern never reads.
+        self._fast = hasattr(self._full, "encode_batch_fast")
+
+    def _batch(self, tokenizer: Tokenizer, texts: list[str], special: bool) -> list[list[int]]:
+        encode = tokenizer.encode_batch_fast if self._fast else tokenizer.encode_batch
+        return [e.ids for e in encode(texts, add_special_tokens=special)]
 
     @classmethod
     def for_spec(cls, spec, workers: int | None = None) -> "TextTokenizer":
@@ -73,11 +79,9 @@ class TextTokenizer:
                offset: int = 0) -> list[list[int]]:
         """Token ids of each text; errors name `field[offset + i]`."""
         if truncate:
-            encodings = self._truncating.encode_batch_fast(list(texts), add_special_tokens=True)
-            seqs = [e.ids for e in encodings]
+            seqs = self._batch(self._truncating, list(texts), True)
         else:
-            encodings = self._full.encode_batch_fast(list(texts), add_special_tokens=True)
-            seqs = [e.ids for e in encodings]
+            seqs = self._batch(self._full, list(texts), True)
             limit = self.max_tokens - (1 if self.eos_id is not None else 0)
             for i, ids in enumerate(seqs):
                 if len(ids) > limit:
@@ -92,7 +96,7 @@ class TextTokenizer:
 
     def encode_plain(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids without special tokens and without truncation (for sparse vectors)."""
-        return [e.ids for e in self._full.encode_batch_fast(list(texts), add_special_tokens=False)]
+        return self._batch(self._full, list(texts), False)
 
     async def encode_async(self, texts: Sequence[str], *, truncate: bool = True,
                            field: str = "texts", offset: int = 0) -> list[list[int]]:
