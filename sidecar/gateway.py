@@ -135,13 +135,16 @@ class Gateway:
                     raise invalid_argument(f"texts[{i}]: empty text", i)
             prompt = self._prompt_text(params.prompt_name, spec)
             templated = [prompt + t for t in texts] if prompt else list(texts)
-            sequences = await tokenizer.encode_async(templated, truncate=params.truncate)
+            dense = tokenizer.encode_async(templated, truncate=params.truncate)
             if params.return_sparse:
-                sparse_ids = await tokenizer.encode_plain_async(list(texts))
+                sequences, sparse_ids = await asyncio.gather(
+                    dense, tokenizer.encode_plain_async(list(texts)))
+            else:
+                sequences = await dense
         else:
             sequences = self._check_token_ids(token_ids, spec, params.truncate, tokenizer)
             if params.return_sparse:
-                sparse_ids = sequences
+                sparse_ids = [list(ids) for ids in token_ids]
         return PreparedRequest(params, served, sequences, dimensions, normalize, sparse_ids)
 
     async def wait_for_room(self, prepared: PreparedRequest) -> None:
