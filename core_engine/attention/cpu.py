@@ -32,10 +32,12 @@ class CpuAttention:
         for start, end in zip(bounds[:-1], bounds[1:]):
             if end <= start:
                 continue
-            # [L, H, D] -> [H, L, D]: SDPA takes heads as a batch dimension.
-            qs = q[start:end].transpose(0, 1)
-            ks = k[start:end].transpose(0, 1)
-            vs = v[start:end].transpose(0, 1)
+            # [L, H, D] -> [1, H, L, D]. The batch dimension matters: torch only picks its
+            # fused CPU flash kernel for 4-D inputs (3-D falls back to the math kernel, ~20x
+            # slower), and contiguous heads make that kernel about twice as fast again.
+            qs = q[start:end].transpose(0, 1).contiguous()[None]
+            ks = k[start:end].transpose(0, 1).contiguous()[None]
+            vs = v[start:end].transpose(0, 1).contiguous()[None]
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=meta.causal, enable_gqa=gqa)
-            out[start:end] = o.transpose(0, 1)
+            out[start:end] = o[0].transpose(0, 1)
         return out
