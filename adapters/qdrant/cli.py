@@ -88,7 +88,7 @@ def run_ingest(args: argparse.Namespace) -> int:
     client = FernQdrantClient(**_location_kwargs(args.qdrant, args.api_key), fern=fern)
     payload = [f.strip() for f in args.payload.split(",") if f.strip()] if args.payload else None
     try:
-        client.setup_collection(args.collection, model=args.model, sparse=not args.no_sparse,
+        client.setup_collection(args.collection, model=args.model, sparse=None if args.no_sparse else "sparse",
                                 quantization=args.quantization)
         if args.file == "-":
             records = read_jsonl(sys.stdin, "<stdin>")

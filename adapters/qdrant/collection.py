@@ -46,7 +46,7 @@ def quantization_config(quantization: str | None) -> models.QuantizationConfig |
 
 
 def setup_collection(client: QdrantClient, fern: FernClient, collection: str, model: str = "", *,
-                     dense: str = DENSE, sparse: str | None = SPARSE,
+                     dense: str = DENSE, sparse: str | bool | None = SPARSE,
                      quantization: str | None = None, datatype: str = "float32",
                      on_disk: bool = False) -> CollectionLayout:
     """Create `collection` for `model` unless it exists; returns its layout.
@@ -54,8 +54,11 @@ def setup_collection(client: QdrantClient, fern: FernClient, collection: str, mo
     The dense vector gets the model's size and distance (ListModels), the sparse one
     Qdrant's IDF modifier (the sidecar sends saturated term frequencies only). An
     existing collection is checked, not changed: a dense vector of the wrong size is an
-    error naming the collection.
+    error naming the collection. `sparse` is the sparse vector's name (True: "sparse";
+    None or False: no sparse vector).
     """
+    if isinstance(sparse, bool):
+        sparse = SPARSE if sparse else None
     info = fern.model(model)
     layout = CollectionLayout(model=info.name, dense=dense, sparse=sparse)
     if client.collection_exists(collection):
