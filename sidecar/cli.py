@@ -249,7 +249,10 @@ async def run_sidecar(args: argparse.Namespace,
     """Load the models, serve until SIGTERM/SIGINT (or until `after_start` returns False), drain."""
     from sidecar.server import Sidecar
 
-    registry = await asyncio.to_thread(load_registry, args)
+    try:
+        registry = await asyncio.to_thread(load_registry, args)
+    except (ValueError, OSError) as error:  # a bad --model, --device, or knob: say which
+        raise SystemExit(f"fern: {error}") from None
     kwargs = {} if args.max_request_inputs is None else {"max_inputs": args.max_request_inputs}
     sidecar = Sidecar(registry, host=args.host, port=args.port, token=args.token, **kwargs)
     if args.pg_port is not None:

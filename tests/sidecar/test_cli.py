@@ -102,3 +102,10 @@ def test_model_source_syntax():
     assert ModelSource.parse("bge=/models/bge") == ModelSource(Path("/models/bge"), "bge")
     assert ModelSource.parse("default") == ModelSource(None, None)
     assert ModelSource.parse("mini=default") == ModelSource(None, "mini")
+
+
+def test_serve_reports_a_bad_model_dir_without_a_traceback(fern_cmd, tmp_path):
+    out = run(fern_cmd, "serve", "--port", "0", "--device", "cpu", "--model", str(tmp_path / "nope"))
+    assert out.returncode == 1
+    assert f"fern: model directory '{tmp_path / 'nope'}' does not exist" in out.stderr
+    assert "Traceback" not in out.stderr
