@@ -1,0 +1,242 @@
+"""Unit checks of the model's parts: CPU attention, pooling on padded batches, capture safety, spec reading."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from core_engine.attention import backend_names, get_backend
+from core_engine.attention.base import AttentionBackend, AttentionMetadata
+from core_engine.batch import pack
+from core_engine.config import load_spec
+from core_engine.loader import build_model, default_model_dir
+from core_engine.models import FAMILIES
+from core_engine.pooling import pool
+
+
+def naive_attention(q, k, v, cu: list[int], causal: bool) -> torch.Tensor:
+    """Explicit softmax(q k^T / sqrt(d)) v per sequence, K/V heads repeated for GQA."""
+    out = torch.zeros_like(q)
+    group = q.shape[1] // k.shape[1]
+    for s, e in zip(cu[:-1], cu[1:]):
+        if e == s:
+            continue
+        qs, ks, vs = q[s:e], k[s:e].repeat_interleave(group, 1), v[s:e].repeat_interleave(group, 1)
+        scores = torch.einsum("ihd,jhd->hij", qs, ks) / qs.shape[-1] ** 0.5
+        if causal:
+            scores = scores.masked_fill(torch.ones(e - s, e - s, dtype=torch.bool).triu(1), float("-inf"))
+        out[s:e] = torch.einsum("hij,jhd->ihd", scores.softmax(-1), vs)
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_cpu_attention_matches_naive_attention(causal: bool, kv_heads: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    lens = [5, 0, 1, 17, 0, 9]
+    batch = pack([[1] * n for n in lens], causal=causal)
+    t = sum(lens)
+    q = torch.randn(t, 4, 8, generator=g)
+    k = torch.randn(t, kv_heads, 8, generator=g)
+    v = torch.randn(t, kv_heads, 8, generator=g)
+    got = get_backend("cpu")(q, k, v, batch.meta)
+    want = naive_attention(q, k, v, batch.meta.cu_seqlens.tolist(), causal)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # Without the host copy of cu_seqlens the backend reads the device tensor instead.
+    batch.meta.cu_seqlens_cpu = None
+    torch.testing.assert_close(get_backend("cpu")(q, k, v, batch.meta), want, rtol=1e-5, atol=1e-5)
+
+
+def test_unknown_backend_names_the_choices() -> None:
+    assert "cpu" in backend_names()
+    with pytest.raises(ValueError, match="'nope' is unknown"):
+        get_backend("nope")
+
+
+def test_pooling_with_empty_slots_and_nan_padding_rows() -> None:
+    lens = [0, 3, 0, 2]
+    batch = pack([[1] * n for n in lens], causal=False, num_tokens=8, num_slots=6)
+    hidden = torch.arange(8 * 2, dtype=torch.float32).view(8, 2)
+    hidden[5:] = float("nan")  # bucket padding rows may hold anything
+    mean = pool(hidden, batch.meta, "mean")
+    cls = pool(hidden, batch.meta, "cls")
+    last = pool(hidden, batch.meta, "last")
+    for out in (mean, cls, last):
+        assert out.shape == (6, 2) and out.dtype == torch.float32 and torch.isfinite(out).all()
+        assert not out[[0, 2, 4, 5]].any()
+    torch.testing.assert_close(mean[1], hidden[0:3].mean(0))
+    torch.testing.assert_close(mean[3], hidden[3:5].mean(0))
+    torch.testing.assert_close(cls[[1, 3]], hidden[[0, 3]])
+    torch.testing.assert_close(last[[1, 3]], hidden[[2, 4]])
+    with pytest.raises(ValueError, match="pooling 'max'"):
+        pool(hidden, batch.meta, "max")
+
+
+class ShapeOnlyAttention:
+    """A stand-in backend that only keeps shapes, so the model can run on the meta device."""
+
+    name = "shape-only"
+
+    def __call__(self, q, k, v, meta):
+        return q * 1.0
+
+
+@pytest.mark.parametrize("family", ["bert", "qwen3"])
+def test_forward_never_reads_tensor_values_on_the_host(family: str) -> None:
+    # Meta tensors have no data: .item(), .tolist(), bool(t) or data-dependent shapes fail on
+    # them. A forward that runs on meta inputs therefore has no host sync of its own and can
+    # be captured in a CUDA graph (given a capturable attention backend).
+    spec = load_spec(default_model_dir())
+    if family == "qwen3":
+        cfg = dict(
+            model_type="qwen3", vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+        )
+        spec = dataclasses.replace(spec, family="qwen3", config=cfg, pooling="last", causal=True)
+    backend: AttentionBackend = ShapeOnlyAttention()
+    with torch.device("meta"):
+        model = FAMILIES[family].module(spec, backend)
+    model.to("meta")
+    batch = pack([[1, 2, 3], [], [4]], causal=spec.causal, num_tokens=8, num_slots=5, device="meta")
+    out = model(batch.input_ids, batch.positions, batch.meta)
+    assert out.device.type == "meta" and out.shape == (5, spec.dimensions if family == "bert" else 32)
+    assert out.dtype == torch.float32
+
+
+def test_model_rejects_a_mismatched_causal_flag() -> None:
+    spec = load_spec(default_model_dir())
+    model = build_model(spec, "cpu", torch.float32, get_backend("cpu"))
+    batch = pack([[101, 102]], causal=True)
+    with pytest.raises(ValueError, match="causal"):
+        model(*batch.model_inputs())
+
+
+def test_bfloat16_stays_close_to_float32() -> None:
+    spec = load_spec(default_model_dir())
+    seqs = [[101, 7592, 2088, 102], [101] + list(range(2000, 2030)) + [102]]
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = build_model(spec, "cpu", dtype, get_backend("cpu"))
+        assert next(model.parameters()).dtype == dtype
+        with torch.inference_mode():
+            out[dtype] = model(*pack(seqs, causal=False).model_inputs())
+    assert out[torch.bfloat16].dtype == torch.float32
+    cos = torch.nn.functional.cosine_similarity(out[torch.float32], out[torch.bfloat16])
+    assert cos.min() > 0.999
+
+
+def test_pack_lays_out_positions_and_padding() -> None:
+    b = pack([[7, 8, 9], [], [5, 6]], causal=False, num_tokens=7, num_slots=4, pad_token_id=0)
+    assert b.input_ids.tolist() == [7, 8, 9, 5, 6, 0, 0]
+    assert b.positions.tolist() == [0, 1, 2, 0, 1, 0, 0]
+    assert b.meta.seq_ids.tolist() == [0, 0, 0, 2, 2, 4, 4]
+    assert b.meta.cu_seqlens.tolist() == [0, 3, 3, 5, 5] and b.meta.cu_seqlens.dtype == torch.int32
+    assert b.meta.seq_lens.tolist() == [3, 0, 2, 0] and b.meta.max_seqlen == 3 and b.meta.num_seqs == 4
+    with pytest.raises(ValueError, match="num_tokens=4"):
+        pack([[1, 2, 3], [4, 5]], causal=False, num_tokens=4)
+
+
+# -- load_spec -----------------------------------------------------------------------------
+
+
+def write_dir(path: Path, config: dict, **files: object) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    files.setdefault("tokenizer.json", {"post_processor": None})
+    for name, content in files.items():
+        target = path / name.replace("__", "/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(content))
+    return path
+
+
+QWEN3 = {"model_type": "qwen3", "hidden_size": 1024, "vocab_size": 151669, "max_position_embeddings": 32768, "eos_token_id": 151643}
+
+
+def test_spec_for_a_qwen3_embedding_directory(tmp_path: Path) -> None:
+    eos_template = {
+        "type": "TemplateProcessing",
+        "single": [{"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}],
+        "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [151643], "tokens": ["<|endoftext|>"]}},
+    }
+    prompts = {"query": "Instruct: Given a web search query, retrieve relevant passages\nQuery:", "document": ""}
+    path = write_dir(
+        tmp_path / "models--Qwen--Qwen3-Embedding-0.6B" / "snapshots" / "abc123",
+        QWEN3,
+        **{
+            "modules.json": [
+                {"path": "", "type": "sentence_transformers.models.Transformer"},
+                {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {"path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+            ],
+            "1_Pooling__config.json": {"pooling_mode_lasttoken": True},
+            "config_sentence_transformers.json": {"prompts": prompts, "default_prompt_name": None, "similarity_fn_name": "cosine"},
+            "sentence_bert_config.json": {"max_seq_length": 8192},
+            "tokenizer.json": {"post_processor": eos_template},
+        },
+    )
+    spec = load_spec(path)
+    assert spec.name == "Qwen3-Embedding-0.6B"
+    assert (spec.family, spec.causal, spec.pooling, spec.normalize, spec.max_tokens) == ("qwen3", True, "last", True, 8192)
+    assert spec.prompts == prompts and spec.default_prompt_name is None and spec.distance == "cosine"
+    assert spec.eos_token_id == 151643 and not spec.append_eos  # the tokenizer already appends it
+    assert load_spec(path, name="qwen").name == "qwen"
+
+
+def test_spec_for_a_pplx_embed_style_directory(tmp_path: Path) -> None:
+    path = write_dir(
+        tmp_path / "pplx",
+        {**QWEN3, "model_type": "bidirectional_pplx_qwen3"},
+        **{
+            "modules.json": [
+                {"path": "", "type": "sentence_transformers.models.Transformer"},
+                {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {"path": "2_Quantizer", "type": "st_quantize.FlexibleQuantizer"},
+            ],
+            "1_Pooling__config.json": {"pooling_mode": "mean"},
+            "fern.json": {"matryoshka_dimensions": [1024, 512, 128]},
+        },
+    )
+    spec = load_spec(path)
+    assert (spec.family, spec.causal, spec.pooling, spec.native_int8, spec.normalize) == ("qwen3", False, "mean", True, False)
+    assert spec.matryoshka_dimensions == (1024, 512, 128) and not spec.append_eos
+    assert spec.max_tokens == 32768
+
+
+def test_spec_reads_bidirectional_flags_and_xlmr_limits(tmp_path: Path) -> None:
+    spec = load_spec(write_dir(tmp_path / "q", {**QWEN3, "is_causal": False}))
+    assert not spec.causal and spec.pooling == "mean"
+    xlmr = {"model_type": "xlm-roberta", "hidden_size": 1024, "vocab_size": 250002, "max_position_embeddings": 8194, "pad_token_id": 1}
+    spec = load_spec(write_dir(tmp_path / "m3", xlmr, **{"1_Pooling__config.json": {"pooling_mode_cls_token": True}}))
+    assert (spec.family, spec.position_offset, spec.max_tokens, spec.pooling) == ("xlm-roberta", 2, 8192, "cls")
+
+
+@pytest.mark.parametrize(
+    ("config", "files", "match"),
+    [
+        ({"model_type": "t5", "hidden_size": 8, "vocab_size": 8}, {}, "model_type 't5'"),
+        ({**QWEN3}, {"config_sentence_transformers.json": {"prompts": {"query": "q: "}, "default_prompt_name": "doc"}}, "default_prompt_name 'doc'"),
+        ({**QWEN3}, {"sentence_bert_config.json": {"max_seq_length": 40000}}, "max_tokens 40000"),
+        ({**QWEN3}, {"1_Pooling__config.json": {"pooling_mode_max_tokens": True}}, "unsupported pooling"),
+        ({**QWEN3}, {"fern.json": {"pooling": "max"}}, "pooling 'max'"),
+    ],
+)
+def test_spec_errors_name_the_file_and_value(tmp_path: Path, config: dict, files: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        load_spec(write_dir(tmp_path / "bad", config, **files))
+
+
+def test_spec_errors_for_missing_files(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_spec(tmp_path / "absent")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        load_spec(tmp_path / "empty")
+    (tmp_path / "empty" / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_spec(tmp_path / "empty")
