@@ -27,7 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sidecar.errors import INPUT_INDEX_KEY, EmbedError, invalid_argument, unavailable
-from sidecar.gateway import EmbedParams, EmbedResult, Gateway, PreparedRequest
+from sidecar.gateway import EmbedParams, EmbedResult, Gateway
 from sidecar.registry import Registry
 from sidecar.scheduler import Lane
 from sidecar.wire import embedder_pb2 as pb
@@ -42,6 +42,9 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 # Requests one EmbedStream may have read but not yet answered: with the scheduler's
 # queue bounds, this keeps a stream's memory bounded even when its client reads slowly.
 STREAM_WINDOW = 64
+# Requests one EmbedStream may have read but not yet handed to the scheduler: tokenizing
+# a few ahead keeps the GPU fed from a single stream; a full lane stops further reads.
+STREAM_PREFETCH = 4
 DEFAULT_GRACE_S = 30.0
 
 _ENCODINGS = {pb.ENCODING_FLOAT32: "float32", pb.ENCODING_FLOAT16: "float16",
@@ -130,9 +133,11 @@ def _error_response(request_id: str, error: EmbedError) -> pb.EmbedResponse:
 class EmbedderService(pb_grpc.EmbedderServicer):
     """fern.v1.Embedder on top of a Gateway."""
 
-    def __init__(self, gateway: Gateway, *, stream_window: int = STREAM_WINDOW) -> None:
+    def __init__(self, gateway: Gateway, *, stream_window: int = STREAM_WINDOW,
+                 stream_prefetch: int = STREAM_PREFETCH) -> None:
         self.gateway = gateway
         self.stream_window = stream_window
+        self.stream_prefetch = stream_prefetch
         self._active = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -175,23 +180,37 @@ class EmbedderService(pb_grpc.EmbedderServicer):
 
     async def EmbedStream(self, request_iterator: AsyncIterator[pb.EmbedRequest],
                           context: grpc.aio.ServicerContext) -> None:
+        """Flow-controlled bulk embedding; see the module docstring.
+
+        Two bounds decide when the next request is read. `admitting`: at most
+        `stream_prefetch` requests may be read and not yet admitted by the scheduler
+        (being tokenized, or waiting for lane room); while the lane is full they wait and
+        later requests stay unread, in gRPC's window and then the client's. `window`: at
+        most `stream_window` requests may be read and not yet answered, so a client that
+        reads its responses slowly cannot make the server hold results without bound.
+        """
         with self._tracked():
             deadline = _deadline(context)
-            # Each request read gets exactly one response; the window bounds read-but-unanswered.
             window = asyncio.Semaphore(self.stream_window)
+            admitting = asyncio.Semaphore(self.stream_prefetch)
             responses: asyncio.Queue = asyncio.Queue()
             reading_over = object()
             counts = {"read": 0, "written": 0}
             stopped_by_drain = False
 
-            async def answer(request_id: str, prepared: PreparedRequest) -> None:
+            async def answer(request: pb.EmbedRequest) -> None:
                 try:
+                    try:
+                        prepared = await self.gateway.prepare(params_from_request(request, deadline))
+                        await self.gateway.wait_for_room(prepared)
+                    finally:
+                        admitting.release()
                     result = await self.gateway.execute(prepared, wait_first=True)
-                    response = response_from_result(request_id, result)
+                    response = response_from_result(request.request_id, result)
                 except EmbedError as error:
-                    response = _error_response(request_id, error)
+                    response = _error_response(request.request_id, error)
                 except Exception as error:  # our bug: report it on this request, keep the stream
-                    response = _error_response(request_id, _internal(error))
+                    response = _error_response(request.request_id, _internal(error))
                 responses.put_nowait(response)
 
             async def read(group: asyncio.TaskGroup) -> None:
@@ -200,21 +219,13 @@ class EmbedderService(pb_grpc.EmbedderServicer):
                 try:
                     while True:
                         await window.acquire()
+                        await admitting.acquire()
                         request = await self._next_or_drain(iterator)
                         if request is None:
                             stopped_by_drain = self._draining.is_set()
                             return
                         counts["read"] += 1
-                        try:
-                            params = params_from_request(request, deadline)
-                            prepared = await self.gateway.prepare(params)
-                            # Flow control: leave later requests unread (in gRPC's window, then
-                            # the client's) until the lane can queue this one.
-                            await self.gateway.wait_for_room(prepared)
-                        except EmbedError as error:
-                            responses.put_nowait(_error_response(request.request_id, error))
-                            continue
-                        group.create_task(answer(request.request_id, prepared))
+                        group.create_task(answer(request))
                 finally:
                     responses.put_nowait(reading_over)
 
