@@ -1,0 +1,153 @@
+"""Query time: embed the query on the ONLINE lane and rank rows in one SQL statement.
+
+Hybrid search fuses pgvector's nearest neighbours (HNSW) with PostgreSQL full-text
+matches (GIN over the vectorizer's generated tsvector, ranked by ts_rank_cd) by
+reciprocal rank fusion: score = sum over both lists of 1 / (rrf_k + rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from adapters.postgres.vectorizer import Vectorizer, VectorizerError, get_vectorizer
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """One result row (its columns, vector and tsvector left out) and how it ranked."""
+
+    row: dict[str, Any]
+    score: float  # RRF score when hybrid; else similarity (1 - cosine distance, or inner product)
+    vector_rank: int | None
+    text_rank: int | None
+    distance: float | None
+
+
+def _embed_query(client, v: Vectorizer, text: str, prompt: str | None) -> np.ndarray:
+    from sidecar.client import FernClient
+
+    client = client or FernClient()
+    emb = client.embed([text], model=v.model, lane="online", prompt=prompt)
+    return np.asarray(emb.vectors[0], dtype=np.float32)
+
+
+def _output_columns(conn: psycopg.Connection, v: Vectorizer) -> list[str]:
+    rows = conn.execute(
+        """SELECT a.attname FROM pg_attribute a
+            WHERE a.attrelid = (SELECT c.oid FROM pg_class c JOIN pg_namespace n
+                                    ON n.oid = c.relnamespace
+                                 WHERE n.nspname = %s AND c.relname = %s)
+              AND a.attnum > 0 AND NOT a.attisdropped
+              AND format_type(a.atttypid, NULL) NOT IN ('vector', 'tsvector')
+            ORDER BY a.attnum""", (v.table_schema, v.table_name)).fetchall()
+    return [r[0] for r in rows]
+
+
+def search(conn: psycopg.Connection, table: str | tuple[str, str], text: str, k: int = 10, *,
+           where: str | sql.Composable | None = None, params: Sequence[Any] = (),
+           hybrid: bool | None = None, client=None, target_column: str | None = None,
+           prompt: str | None = None, candidates: int | None = None,
+           rrf_k: int = 60) -> list[SearchHit]:
+    """The `k` best rows of `table` for `text`.
+
+    `where` is an SQL condition on the table (alias `t`), with `%s` placeholders filled
+    from `params` (e.g. `where="t.lang = %s", params=["en"]`); it is the caller's SQL, as
+    with psycopg. `hybrid` defaults to whether the vectorizer keeps a tsvector; when on,
+    the best `candidates` (default 4k) of each list are fused by RRF. One SQL statement.
+    """
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    v = get_vectorizer(conn, table, target_column)
+    if hybrid is None:
+        hybrid = v.hybrid
+    if hybrid and not v.tsv_column:
+        raise VectorizerError(f"hybrid search on {v.qualified_table} needs a vectorizer created "
+                              f"with hybrid=True (it keeps the tsvector column)")
+    candidates = candidates or max(4 * k, 40)
+    from pgvector.psycopg import register_vector
+
+    register_vector(conn)
+    vector = _embed_query(client, v, text, prompt)
+    cond = sql.SQL("TRUE") if where is None else (
+        where if isinstance(where, sql.Composable) else sql.SQL(where))
+    out_cols = _output_columns(conn, v)
+    dist = v.distance_operator()
+    args: list[Any] = [vector]
+
+    if v.chunking == "split":
+        keys = sql.SQL(", ").join(sql.Identifier("c", k_) for k_ in v.key_columns)
+        match = sql.SQL(" AND ").join(
+            sql.SQL("t.{k} = s.{k}").format(k=sql.Identifier(k_)) for k_ in v.key_columns)
+        vec_cte = sql.SQL("""
+            SELECT t.ctid AS rid, s.d FROM (
+                SELECT {keys}, min(c.d) AS d FROM (
+                    SELECT {keys}, c.{col} {op} q.v AS d FROM {chunks} c, q
+                     ORDER BY c.{col} {op} q.v LIMIT %s) c
+                 GROUP BY {keys}) s
+              JOIN {table} t ON {match}
+             WHERE ({cond}) ORDER BY s.d LIMIT %s""").format(
+            keys=keys, col=sql.Identifier(v.target_column), op=dist, chunks=v.chunks,
+            table=v.table, match=match, cond=cond)
+        vec_args = [candidates * 4, *params, candidates]
+    else:
+        vec_cte = sql.SQL("""
+            SELECT t.ctid AS rid, t.{col} {op} q.v AS d FROM {table} t, q
+             WHERE t.{col} IS NOT NULL AND ({cond})
+             ORDER BY t.{col} {op} q.v LIMIT %s""").format(
+            col=sql.Identifier(v.target_column), op=dist, table=v.table, cond=cond)
+        vec_args = [*params, candidates]
+    select_cols = sql.SQL(", ").join(sql.Identifier("t", c) for c in out_cols)
+
+    if not hybrid:
+        query = sql.SQL("""
+            WITH q AS (SELECT %s::vector AS v),
+                 vec AS ({vec_cte})
+            SELECT vec.d, row_number() OVER (ORDER BY vec.d) AS vr, {cols}
+              FROM vec JOIN {table} t ON t.ctid = vec.rid
+             ORDER BY vec.d LIMIT %s""").format(vec_cte=vec_cte, cols=select_cols,
+                                                 table=v.table)
+        args += [*vec_args, k]
+        with conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(query, args).fetchall()
+        hits = []
+        for r in rows:
+            d = float(r.pop("d"))
+            rank = int(r.pop("vr"))
+            score = 1.0 - d if v.distance == "cosine" else -d
+            hits.append(SearchHit(r, score, rank, None, d))
+        return hits
+
+    query = sql.SQL("""
+        WITH q AS (SELECT %s::vector AS v, websearch_to_tsquery(%s::regconfig, %s) AS tsq),
+             vec AS (SELECT rid, d, row_number() OVER (ORDER BY d) AS r FROM ({vec_cte}) x),
+             fts AS (SELECT rid, row_number() OVER (ORDER BY rank DESC) AS r FROM (
+                        SELECT t.ctid AS rid, ts_rank_cd(t.{tsv}, q.tsq) AS rank
+                          FROM {table} t, q
+                         WHERE t.{tsv} @@ q.tsq AND ({cond})
+                         ORDER BY rank DESC LIMIT %s) y),
+             fused AS (
+                SELECT coalesce(vec.rid, fts.rid) AS rid, vec.d, vec.r AS vr, fts.r AS fr,
+                       coalesce(1.0 / (%s + vec.r), 0) + coalesce(1.0 / (%s + fts.r), 0) AS score
+                  FROM vec FULL JOIN fts ON vec.rid = fts.rid)
+        SELECT f.score, f.d, f.vr, f.fr, {cols}
+          FROM fused f JOIN {table} t ON t.ctid = f.rid
+         ORDER BY f.score DESC, f.vr NULLS LAST LIMIT %s""").format(
+        vec_cte=vec_cte, tsv=sql.Identifier(v.tsv_column), table=v.table, cond=cond,
+        cols=select_cols)
+    args += [v.language or "english", text, *vec_args, *params, candidates, rrf_k, rrf_k, k]
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(query, args).fetchall()
+    hits = []
+    for r in rows:
+        score = float(r.pop("score"))
+        d = r.pop("d")
+        vr, fr = r.pop("vr"), r.pop("fr")
+        hits.append(SearchHit(r, score, None if vr is None else int(vr),
+                              None if fr is None else int(fr), None if d is None else float(d)))
+    return hits
