@@ -346,6 +346,18 @@ class Scheduler:
             self._cond.notify_all()
         threads = [w.thread for w in self._workers if w.thread is not None]
         await asyncio.to_thread(lambda: [t.join() for t in threads])
+        stats = self.stats()
+        log.info(
+            "scheduler drained: %d steps, %d tokens; ONLINE high water %d of %d tokens, "
+            "BATCH high water %d of %d tokens; rejected %d/%d, cancelled %d/%d, expired %d/%d "
+            "(online/batch)",
+            stats.steps, stats.tokens,
+            stats.online.high_water_tokens, stats.online.max_queued_tokens,
+            stats.batch.high_water_tokens, stats.batch.max_queued_tokens,
+            stats.online.rejected, stats.batch.rejected,
+            stats.online.cancelled, stats.batch.cancelled,
+            stats.online.expired, stats.batch.expired,
+        )
 
     def stats(self) -> SchedulerStats:
         """A consistent snapshot of the counters."""
