@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from core_engine.config import ModelSpec
 from core_engine.postprocess import finalize
 from sidecar.errors import EmbedError, deadline_exceeded, invalid_argument, resource_exhausted, unavailable
 from sidecar.registry import Registry, ServedModel
 from sidecar.scheduler import DeadlineExceeded, Draining, Lane, QueueFull
 from sidecar.sparse import sparse_vector
+from sidecar.tokenize import TextTokenizer
 
 ENCODINGS = ("float32", "float16", "int8", "binary")
 # Inputs one request may carry; bigger jobs belong on EmbedStream (bounded memory both sides).
@@ -101,7 +103,7 @@ class Gateway:
     def default_model(self) -> str:
         return self.registry.default_model
 
-    def models(self) -> list:
+    def models(self) -> list[ModelSpec]:
         """The ModelSpecs served, the default first."""
         return self.registry.specs()
 
@@ -199,7 +201,7 @@ class Gateway:
         return chunks
 
     @staticmethod
-    def _check_options(params: EmbedParams, spec) -> tuple[int, bool]:
+    def _check_options(params: EmbedParams, spec: ModelSpec) -> tuple[int, bool]:
         if params.encoding not in ENCODINGS:
             raise invalid_argument(f"encoding: {params.encoding!r} is not one of {', '.join(ENCODINGS)}")
         if not isinstance(params.lane, Lane):
@@ -212,7 +214,7 @@ class Gateway:
         return dimensions, normalize
 
     @staticmethod
-    def _prompt_text(name: str, spec) -> str:
+    def _prompt_text(name: str, spec: ModelSpec) -> str:
         if not name:
             default = spec.default_prompt_name
             return spec.prompts.get(default, "") if default else ""
@@ -225,8 +227,8 @@ class Gateway:
                                f"(known: {known})")
 
     @staticmethod
-    def _check_token_ids(token_ids: Sequence[Sequence[int]], spec, truncate: bool,
-                         tokenizer) -> list[list[int]]:
+    def _check_token_ids(token_ids: Sequence[Sequence[int]], spec: ModelSpec, truncate: bool,
+                         tokenizer: TextTokenizer) -> list[list[int]]:
         vocab = spec.vocab_size
         sequences = []
         for i, ids in enumerate(token_ids):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core_engine.config import ModelSpec
 from sidecar.errors import not_found
+from sidecar.scheduler import Scheduler, SchedulerConfig
 from sidecar.tokenize import TextTokenizer
 
 
@@ -14,10 +16,10 @@ from sidecar.tokenize import TextTokenizer
 class ServedModel:
     """One model as the gateway sees it."""
 
-    spec: object  # core_engine.config.ModelSpec
+    spec: ModelSpec
     tokenizer: TextTokenizer
-    scheduler: object  # sidecar.scheduler.Scheduler
-    engines: list = field(default_factory=list)
+    scheduler: Scheduler
+    engines: list = field(default_factory=list)  # core_engine Engines, one per device
 
 
 @dataclass(frozen=True)
@@ -80,9 +82,8 @@ class Registry:
         `scheduler_config` is a SchedulerConfig, or a function of the device type ("cuda",
         "cpu") returning one, or None for SchedulerConfig.for_device's defaults.
         """
-        from core_engine.engine import Engine
+        from core_engine.engine import Engine  # torch: only when models are loaded
         from core_engine.loader import default_model_dir
-        from sidecar.scheduler import Scheduler, SchedulerConfig
 
         devices = engine_devices(device)
         models = []
@@ -104,12 +105,12 @@ class Registry:
             raise not_found(f"model: {name!r} is not served here (served: {', '.join(self._models)})")
         return served
 
-    def specs(self) -> list:
+    def specs(self) -> list[ModelSpec]:
         """ModelSpecs of every served model, the default first."""
         default = self._models[self.default_model]
         return [default.spec] + [m.spec for m in self._models.values() if m is not default]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[ServedModel]:
         return iter(self._models.values())
 
     async def start(self) -> None:

@@ -26,6 +26,7 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from core_engine.config import ModelSpec
 from sidecar.errors import INPUT_INDEX_KEY, EmbedError, invalid_argument, unavailable
 from sidecar.gateway import EmbedParams, EmbedResult, Gateway
 from sidecar.registry import Registry
@@ -97,7 +98,7 @@ def response_from_result(request_id: str, result: EmbedResult) -> pb.EmbedRespon
     return response
 
 
-def model_info(spec) -> pb.ModelInfo:
+def model_info(spec: ModelSpec) -> pb.ModelInfo:
     """A ModelSpec as ListModels describes it."""
     return pb.ModelInfo(
         name=spec.name,

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from core_engine.config import ModelSpec
 from sidecar.errors import invalid_argument
 
 # Texts per worker slice: large enough to amortize a thread hop, small enough that a bulk
@@ -70,7 +71,7 @@ class TextTokenizer:
         return [e.ids for e in encode(texts, add_special_tokens=special)]
 
     @classmethod
-    def for_spec(cls, spec, workers: int | None = None) -> "TextTokenizer":
+    def for_spec(cls, spec: ModelSpec, workers: int | None = None) -> "TextTokenizer":
         """The tokenizer of a core_engine ModelSpec (EOS appended when `spec.append_eos`)."""
         return cls(spec.tokenizer_path, spec.max_tokens,
                    eos_id=spec.eos_token_id if spec.append_eos else None, workers=workers)
