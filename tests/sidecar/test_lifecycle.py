@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -74,20 +75,31 @@ def test_stream_waits_for_room_instead_of_failing(small_sidecar):
     assert all(r.error is None and r.embeddings.vectors.shape == (2, 384) for r in results)
 
 
-def test_sigterm_drains_in_flight_work_then_exits(sidecar_factory):
+def test_deadlines_and_cancels_drop_queued_work_then_sigterm_drains(sidecar_factory):
     process = sidecar_factory("--max-step-tokens", "256", "--online-step-tokens", "256")
     outcome: dict = {}
 
     def in_flight() -> None:
         with FernClient(process.target, timeout=300) as c:
             try:
-                outcome["result"] = c.embed([LONG] * 6, lane="batch")
+                outcome["result"] = c.embed([LONG] * 16, lane="batch")
             except FernError as error:
                 outcome["error"] = error
 
     worker = threading.Thread(target=in_flight)
     worker.start()
-    time.sleep(0.5)  # the request is on the server (6 steps of ~256 tokens ahead)
+    time.sleep(0.5)  # the request is on the server, 16 steps of 256 tokens ahead
+    with FernClient(process.target) as c:
+        # Queued behind the in-flight work (BATCH is FCFS): dropped at its deadline.
+        with pytest.raises(FernError) as info:
+            c.embed([LONG], lane="batch", timeout=0.3)
+        assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    with grpc.insecure_channel(process.target) as channel:
+        # Cancelled by its client while queued: dropped too.
+        call = pb_grpc.EmbedderStub(channel).Embed.future(
+            pb.EmbedRequest(texts=[LONG], lane=pb.LANE_BATCH), timeout=60)
+        time.sleep(0.3)
+        assert call.cancel()
     process.process.send_signal(15)
     refused = None
     deadline = time.monotonic() + 20
@@ -100,9 +112,13 @@ def test_sigterm_drains_in_flight_work_then_exits(sidecar_factory):
                 refused = error
             time.sleep(0.05)
     assert refused is not None and refused.code() == grpc.StatusCode.UNAVAILABLE
-    worker.join(120)
+    worker.join(300)
     assert "error" not in outcome, outcome.get("error")
-    assert outcome["result"].vectors.shape == (6, 384)
+    assert outcome["result"].vectors.shape == (16, 384)
     assert process.process.wait(60) == 0
     log = process.log()
     assert "draining" in log and "fern: stopped" in log
+    # The scheduler's own account, logged when it drained: the BATCH lane dropped both.
+    counts = re.search(r"cancelled (\d+)/(\d+), expired (\d+)/(\d+)", log)
+    assert counts, log[-2000:]
+    assert int(counts.group(2)) == 1 and int(counts.group(4)) == 1, counts.group(0)
