@@ -18,6 +18,15 @@ from psycopg.rows import dict_row
 from adapters.postgres.vectorizer import Vectorizer, VectorizerError, get_vectorizer
 
 
+# websearch_to_tsquery ANDs the words; for the recall side of a hybrid search any word
+# should do (ts_rank_cd still ranks rows matching more words higher). Phrases ("a b" ->
+# a <-> b) keep their meaning; a query with a negation ("-word") keeps its ANDs.
+_TSQUERY_ALL = sql.SQL("websearch_to_tsquery(%s::regconfig, %s)")
+_TSQUERY_ANY = sql.SQL(
+    "(SELECT CASE WHEN strpos(w::text, '!') > 0 THEN w ELSE replace(w::text, ' & ', ' | ')::tsquery END"
+    " FROM websearch_to_tsquery(%s::regconfig, %s) AS w)")
+
+
 @dataclass(frozen=True)
 class SearchHit:
     """One result row (its columns, vector and tsvector left out) and how it ranked."""
@@ -53,14 +62,18 @@ def search(conn: psycopg.Connection, table: str | tuple[str, str], text: str, k:
            where: str | sql.Composable | None = None, params: Sequence[Any] = (),
            hybrid: bool | None = None, client=None, target_column: str | None = None,
            prompt: str | None = None, candidates: int | None = None,
-           rrf_k: int = 60) -> list[SearchHit]:
+           rrf_k: int = 60, text_match: str = "any") -> list[SearchHit]:
     """The `k` best rows of `table` for `text`.
 
     `where` is an SQL condition on the table (alias `t`), with `%s` placeholders filled
     from `params` (e.g. `where="t.lang = %s", params=["en"]`); it is the caller's SQL, as
     with psycopg. `hybrid` defaults to whether the vectorizer keeps a tsvector; when on,
     the best `candidates` (default 4k) of each list are fused by RRF. One SQL statement.
+    `text_match` "any" lets a row match the full-text side with any of the query's words
+    (ranked by how many and how close), "all" needs every word (websearch syntax either way).
     """
+    if text_match not in ("any", "all"):
+        raise ValueError(f"text_match must be 'any' or 'all', got {text_match!r}")
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
     v = get_vectorizer(conn, table, target_column)
@@ -124,7 +137,7 @@ def search(conn: psycopg.Connection, table: str | tuple[str, str], text: str, k:
         return hits
 
     query = sql.SQL("""
-        WITH q AS (SELECT %s::vector AS v, websearch_to_tsquery(%s::regconfig, %s) AS tsq),
+        WITH q AS (SELECT %s::vector AS v, {tsquery} AS tsq),
              vec AS (SELECT rid, d, row_number() OVER (ORDER BY d) AS r FROM ({vec_cte}) x),
              fts AS (SELECT rid, row_number() OVER (ORDER BY rank DESC) AS r FROM (
                         SELECT t.ctid AS rid, ts_rank_cd(t.{tsv}, q.tsq) AS rank
@@ -139,7 +152,7 @@ def search(conn: psycopg.Connection, table: str | tuple[str, str], text: str, k:
           FROM fused f JOIN {table} t ON t.ctid = f.rid
          ORDER BY f.score DESC, f.vr NULLS LAST LIMIT %s""").format(
         vec_cte=vec_cte, tsv=sql.Identifier(v.tsv_column), table=v.table, cond=cond,
-        cols=select_cols)
+        cols=select_cols, tsquery=_TSQUERY_ALL if text_match == "all" else _TSQUERY_ANY)
     args += [v.language or "english", text, *vec_args, *params, candidates, rrf_k, rrf_k, k]
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(query, args).fetchall()

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import uuid
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import pytest
+
+from sidecar.client import FernClient
+
+if TYPE_CHECKING:
+    import psycopg
 
 from adapters.postgres.embedded import EmbeddedPostgres
 
@@ -33,3 +39,31 @@ def pg_db(pg_dsn: str) -> Iterator[str]:
     yield pg_dsn.replace("dbname=postgres", f"dbname={name}")
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_target(request: pytest.FixtureRequest) -> str:
+    """The sidecar the adapter tests embed through: $FERN_TEST_TARGET if set (an already
+    running sidecar, e.g. on a GPU host), else the session's `fern serve` subprocess."""
+    return os.environ.get("FERN_TEST_TARGET") or request.getfixturevalue("sidecar_target")
+
+
+@pytest.fixture
+def fern(pg_target: str) -> Iterator[FernClient]:
+    with FernClient(pg_target, timeout=300) as c:
+        yield c
+
+
+@pytest.fixture
+def conn(pg_db: str) -> Iterator["psycopg.Connection"]:
+    """An autocommit connection to the test's own database, with pgvector types registered."""
+    import psycopg
+    from pgvector.psycopg import register_vector
+
+    from adapters.postgres.installer import install
+
+    with psycopg.connect(pg_db, autocommit=True) as c:
+        install(c)
+        register_vector(c)
+        yield c
+
