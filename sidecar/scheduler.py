@@ -168,7 +168,6 @@ class _Step:
     chunks: list[Chunk]
     sequences: list[Sequence[int]]
     tokens: int
-    has_online: bool
 
 
 @dataclass(eq=False)
@@ -599,7 +598,7 @@ class Scheduler:
         sequences: list[Sequence[int]] = []
         for chunk in chunks:
             sequences.extend(chunk.request.sequences[chunk.start : chunk.end])
-        step = _Step(chunks, sequences, online.tokens + batch.tokens, bool(online.chunks))
+        step = _Step(chunks, sequences, online.tokens + batch.tokens)
         worker.load += step.tokens
         worker.holding = True
         return step
@@ -622,7 +621,12 @@ class Scheduler:
         now = time.monotonic()
         with self._cond:
             stale = any(c.request.dropped or c.request.expired(now) for c in step.chunks)
-            jumped = not step.has_online and self._lanes[Lane.ONLINE].has_work()
+            # Online work that came after the step was built rides in it (ahead of its batch
+            # fill, or merged with its online part) rather than waiting one more step.
+            jumped = self._lanes[Lane.ONLINE].has_work() and (
+                any(c.request.lane == Lane.BATCH for c in step.chunks)
+                or step.tokens < self.config.max_step_tokens
+            )
             if not stale and not jumped:
                 return step, prepared
             # Put the chunks back at the front of their lanes (FCFS holds), then compose anew.

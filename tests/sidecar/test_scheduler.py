@@ -261,19 +261,29 @@ def test_expired_work_is_dropped_before_the_engine():
         await sched.start()
         head = asyncio.create_task(sched.embed(texts(BATCH_MARK, 0, 2), Lane.BATCH))
         await until(lambda: len(engine.stepped) == 1)
-        late = texts(ONLINE_MARK, 0, 2)
+        # One request expires while prepared for the next step, one while queued behind it.
+        prefetched = texts(BATCH_MARK, 100, 2)
+        queued = texts(ONLINE_MARK, 0, 2)
+        t_pre = asyncio.create_task(
+            sched.embed(prefetched, Lane.BATCH, deadline=time.monotonic() + 0.05)
+        )
+        await until(lambda: len(engine.prepared) == 2)
+        assert engine.prepared[1] == [tuple(s) for s in prefetched]
         started = time.monotonic()
         with pytest.raises(DeadlineExceeded):
-            await sched.embed(late, Lane.ONLINE, deadline=time.monotonic() + 0.05)
+            await sched.embed(queued, Lane.ONLINE, deadline=time.monotonic() + 0.05)
         assert time.monotonic() - started < 1.0  # the caller hears at the deadline, not later
         with pytest.raises(DeadlineExceeded):
-            await sched.embed(late, Lane.ONLINE, deadline=time.monotonic() - 1)
+            await t_pre
+        with pytest.raises(DeadlineExceeded):
+            await sched.embed(queued, Lane.ONLINE, deadline=time.monotonic() - 1)
         engine.release(10**6)
         await head
         ok = await sched.embed(texts(ONLINE_MARK, 50, 1), Lane.ONLINE, deadline=time.monotonic() + 5)
         np.testing.assert_array_equal(ok, expected(texts(ONLINE_MARK, 50, 1)))
-        assert not engine.stepped_ids() & {tuple(s) for s in late}
-        assert sched.stats().online.expired == 2
+        assert not engine.stepped_ids() & {tuple(s) for s in prefetched + queued}
+        stats = sched.stats()
+        assert (stats.online.expired, stats.batch.expired) == (2, 1)
         await sched.drain()
 
     run(main())
@@ -403,3 +413,40 @@ def test_bad_inputs_name_what_is_wrong():
         await sched.drain()
 
     run(main())
+
+
+def test_real_engine_vectors_match_unscheduled_ones():
+    """The bundled MiniLM on CPU through the scheduler: split, packed with other work, reordered."""
+    import torch
+
+    from core_engine.engine import Engine
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two threads on a shared 2-core runner thrash (~20x slower)
+    try:
+        _check_real_engine(Engine(device="cpu"))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _check_real_engine(engine) -> None:
+    rng = np.random.default_rng(11)
+    requests = [
+        [[101, *rng.integers(1000, 20000, int(rng.integers(1, 40))).tolist(), 102] for _ in range(n)]
+        for n in (1, 5, 24, 3)
+    ]
+    alone = [np.concatenate([engine.embed([s]) for s in seqs]) for seqs in requests]
+
+    async def main():
+        sched = Scheduler([engine], SchedulerConfig.for_device("cpu", max_step_tokens=256, online_step_tokens=64))
+        await sched.start()
+        lanes = [Lane.BATCH, Lane.ONLINE, Lane.BATCH, Lane.ONLINE]
+        got = await asyncio.gather(*(sched.embed(r, lane) for r, lane in zip(requests, lanes)))
+        await sched.drain()
+        return got, sched.stats()
+
+    got, stats = run(main(), timeout=120)
+    for mine, ref in zip(got, alone):
+        assert mine.shape == ref.shape == (len(ref), engine.spec.dimensions)
+        np.testing.assert_allclose(mine, ref, rtol=0, atol=2e-5)
+    assert stats.steps >= 2  # the 24-sequence request (~500 tokens) did not fit one 256-token step
