@@ -11,7 +11,8 @@ here, truncating one token earlier to make room, as the model's reference code d
 `encode_batch_fast` (no character offsets) does the work; it releases the GIL and fans
 out over Rust threads, and large requests are cut into slices spread over several
 Python worker threads, so tokenizing a bulk request never holds up the asyncio loop
-that feeds the GPU.
+that feeds the GPU. Only a query-sized request (a few short texts) is tokenized on the
+loop itself, where it costs less than the thread hop would.
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ from sidecar.errors import invalid_argument
 # Texts per worker slice: large enough to amortize a thread hop, small enough that a bulk
 # request spreads over the workers and an online request never waits behind a whole one.
 SLICE_TEXTS = 256
+
+
+# A query this small tokenizes in tens of microseconds, less than the hop to a worker
+# thread and back (~0.3 ms measured on a busy 2-core host): it is done on the loop.
+INLINE_TEXTS = 4
+INLINE_CHARS = 2048
 
 
 def default_workers() -> int:
@@ -104,12 +111,20 @@ class TextTokenizer:
         """`encode` on the worker pool, in slices of SLICE_TEXTS run in parallel.
 
         When several slices fail, the error of the lowest input index is raised."""
+        if self._small(texts):
+            return self.encode(texts, truncate=truncate, field=field, offset=offset)
         return await self._run_slices(texts, lambda part, start: self.encode(
             part, truncate=truncate, field=field, offset=offset + start))
 
     async def encode_plain_async(self, texts: Sequence[str]) -> list[list[int]]:
         """`encode_plain` on the worker pool."""
+        if self._small(texts):
+            return self.encode_plain(texts)
         return await self._run_slices(texts, lambda part, start: self.encode_plain(part))
+
+    @staticmethod
+    def _small(texts: Sequence[str]) -> bool:
+        return len(texts) <= INLINE_TEXTS and sum(len(t) for t in texts) <= INLINE_CHARS
 
     async def _run_slices(self, texts: Sequence[str], work) -> list[list[int]]:
         loop = asyncio.get_running_loop()

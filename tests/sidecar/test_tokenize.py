@@ -92,3 +92,15 @@ def test_truncate_ids_keeps_a_trailing_special_token(tok):
     assert len(cut) == 256 and cut[0] == 101 and cut[-1] == 102
     plain = [2773] * 300
     assert tok.truncate_ids(plain) == [2773] * 256
+
+
+def test_query_sized_requests_give_the_same_ids_and_errors_inline(spec, tok):
+    small = ["a short query", "another one"]
+    assert asyncio.run(tok.encode_async(small)) == tok.encode(small)
+    assert asyncio.run(tok.encode_plain_async(small)) == tok.encode_plain(small)
+    tiny = TextTokenizer(spec.tokenizer_path, 8, workers=1)
+    try:
+        with pytest.raises(EmbedError, match=r"^texts\[1\]: 12 tokens exceeds the model's limit of 8"):
+            asyncio.run(tiny.encode_async(["ok", "word " * 10], truncate=False))
+    finally:
+        tiny.close()
