@@ -44,7 +44,8 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
     src.add_argument("--template", help='e.g. "{title}\\n\\n{body}" (braces name columns)')
     p.add_argument("--target-column", default="embedding", help="vector column (default embedding)")
     p.add_argument("--model", default="", help="model name (default: the sidecar's default)")
-    p.add_argument("--prompt", default=None, help="prompt name, e.g. passage")
+    p.add_argument("--prompt", default="passage",
+                   help="prompt name documents are embedded with (default passage)")
     p.add_argument("--chunking", choices=("truncate", "split"), default="truncate",
                    help="truncate at the model's limit, or split into a chunk table")
     p.add_argument("--chunk-tokens", type=int, default=None,

@@ -61,13 +61,14 @@ def _output_columns(conn: psycopg.Connection, v: Vectorizer) -> list[str]:
 def search(conn: psycopg.Connection, table: str | tuple[str, str], text: str, k: int = 10, *,
            where: str | sql.Composable | None = None, params: Sequence[Any] = (),
            hybrid: bool | None = None, client=None, target_column: str | None = None,
-           prompt: str | None = None, candidates: int | None = None,
+           prompt: str | None = "query", candidates: int | None = None,
            rrf_k: int = 60, text_match: str = "any") -> list[SearchHit]:
     """The `k` best rows of `table` for `text`.
 
     `where` is an SQL condition on the table (alias `t`), with `%s` placeholders filled
     from `params` (e.g. `where="t.lang = %s", params=["en"]`); it is the caller's SQL, as
-    with psycopg. `hybrid` defaults to whether the vectorizer keeps a tsvector; when on,
+    with psycopg. The query is embedded with `prompt` ("query": the model's query prompt
+    where it has one). `hybrid` defaults to whether the vectorizer keeps a tsvector; when on,
     the best `candidates` (default 4k) of each list are fused by RRF. One SQL statement.
     `text_match` "any" lets a row match the full-text side with any of the query's words
     (ranked by how many and how close), "all" needs every word (websearch syntax either way).

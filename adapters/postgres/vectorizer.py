@@ -389,7 +389,7 @@ def backfill(conn: psycopg.Connection, v: Vectorizer) -> int:
 def create_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str],
                       source: str | Sequence[str], *, client=None,
                       target_column: str = "embedding", model: str = "",
-                      prompt: str | None = None, chunking: str = "truncate",
+                      prompt: str | None = "passage", chunking: str = "truncate",
                       chunk_tokens: int | None = None, chunk_overlap: int = 32,
                       chunk_table: str | None = None, hybrid: bool = False,
                       language: str = "english", tsv_column: str | None = None,
@@ -397,7 +397,8 @@ def create_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str],
     """Attach a vectorizer to `table` and enqueue every existing row.
 
     `source` is a template ("{title}\\n\\n{body}") when a string, else a list of column
-    names joined by blank lines. `chunking` is "truncate" (one vector per row, the text cut
+    names joined by blank lines. `prompt` is the prompt name documents are embedded with
+    ("passage": the model's passage/document prompt where it has one, else none). `chunking` is "truncate" (one vector per row, the text cut
     at the model's limit by the sidecar) or "split" (a chunk table `<table>_<target>_chunks`
     with one vector per chunk of `chunk_tokens` tokens overlapping by `chunk_overlap`).
     The model's name, dimension and limit come from the sidecar (`client`, a FernClient).

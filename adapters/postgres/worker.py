@@ -504,7 +504,7 @@ class Worker:
         if err.index is not None and 0 <= err.index < len(batch.owner):
             bad = {batch.owner[err.index]}
         else:
-            bad = set(range(len(batch.items)))
+            bad = set(batch.owner)  # the request as a whole: every row that sent text
         failed = [batch.items[n] for n in sorted(bad)]
         retry = [qid for n, it in enumerate(batch.items) if n not in bad for qid in it.queue_ids]
         conn = self._write_conn
