@@ -167,17 +167,13 @@ class Gateway:
         params, served = prepared.params, prepared.served
         chunks = self._chunks(prepared)
         try:
-            async with asyncio.TaskGroup() as group:
-                tasks = []
-                for n, chunk in enumerate(chunks):
-                    tasks.append(group.create_task(served.scheduler.embed(
-                        prepared.sequences[chunk], params.lane, params.deadline,
-                        wait=n > 0 or wait_first)))
-                    # Let the scheduler admit this chunk (or refuse it) before the next one.
-                    await asyncio.sleep(0)
-        except* (QueueFull, Draining, DeadlineExceeded) as group_error:
-            raise _scheduler_error(group_error.exceptions[0], params.lane) from None
-        pooled = tasks[0].result() if len(tasks) == 1 else np.concatenate([t.result() for t in tasks])
+            if len(chunks) == 1:  # the common case, without a task per chunk
+                pooled = await served.scheduler.embed(prepared.sequences, params.lane,
+                                                      params.deadline, wait=wait_first)
+            else:
+                pooled = await self._embed_chunks(prepared, chunks, wait_first)
+        except (QueueFull, Draining, DeadlineExceeded) as error:
+            raise _scheduler_error(error, params.lane) from None
         vectors = finalize(pooled, dimensions=prepared.dimensions, normalize=prepared.normalize,
                            encoding=params.encoding, native_int8=served.spec.native_int8)
         sparse = None
@@ -187,6 +183,24 @@ class Gateway:
         return EmbedResult(model=served.spec.name, vectors=vectors, dimensions=prepared.dimensions,
                            encoding=params.encoding,
                            token_counts=[len(s) for s in prepared.sequences], sparse=sparse)
+
+    @staticmethod
+    async def _embed_chunks(prepared: PreparedRequest, chunks: list[slice],
+                            wait_first: bool) -> np.ndarray:
+        """Chunks in flight together; the first failure cancels the rest and is raised."""
+        params, scheduler = prepared.params, prepared.served.scheduler
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = []
+                for n, chunk in enumerate(chunks):
+                    tasks.append(group.create_task(scheduler.embed(
+                        prepared.sequences[chunk], params.lane, params.deadline,
+                        wait=n > 0 or wait_first)))
+                    # Let the scheduler admit this chunk (or refuse it) before the next one.
+                    await asyncio.sleep(0)
+        except BaseExceptionGroup as group_error:
+            raise group_error.exceptions[0] from None
+        return np.concatenate([t.result() for t in tasks])
 
     def _chunks(self, prepared: PreparedRequest) -> list[slice]:
         """Slices of the request's sequences: ≤ chunk_texts inputs and ≤ the lane's queue bound."""
