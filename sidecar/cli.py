@@ -266,7 +266,11 @@ async def run_sidecar(args: argparse.Namespace,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await sidecar.start()
+    try:
+        await sidecar.start()
+    except OSError as error:
+        await registry.drain()
+        raise SystemExit(f"fern: {error}") from None
     if args.pg_worker_dsn:
         worker = _PgWorkerRunner(args.pg_worker_dsn, sidecar.target, args.token)
         sidecar.extras.append(worker)

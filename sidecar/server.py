@@ -349,9 +349,13 @@ class Sidecar:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), server)
-        bound = server.add_insecure_port(f"{self.host}:{self.port}")
+        try:
+            bound = server.add_insecure_port(f"{self.host}:{self.port}")
+        except RuntimeError:  # grpc's "Failed to bind"
+            bound = 0
         if bound == 0:
-            raise OSError(f"could not bind {self.host}:{self.port} (in use, or not a local address?)")
+            raise OSError(f"could not bind {self.host}:{self.port} (port in use, or not an "
+                          "address of this host?)")
         self.port = bound
         await server.start()
         self._server = server

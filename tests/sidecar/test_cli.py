@@ -109,3 +109,15 @@ def test_serve_reports_a_bad_model_dir_without_a_traceback(fern_cmd, tmp_path):
     assert out.returncode == 1
     assert f"fern: model directory '{tmp_path / 'nope'}' does not exist" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_serve_reports_a_port_in_use(fern_cmd):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = run(fern_cmd, "serve", "--port", str(port), "--device", "cpu")
+    assert out.returncode == 1
+    assert f"fern: could not bind 127.0.0.1:{port}" in out.stderr and "Traceback" not in out.stderr
