@@ -244,11 +244,33 @@ class _PgWorkerRunner:
             await asyncio.to_thread(self._worker.stop)
 
 
+def _check_free(host: str, port: int) -> None:
+    """Fail in a second, not after loading the models, when the port is taken."""
+    import socket
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise SystemExit(f"fern: cannot resolve --host {host!r}: {error}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise SystemExit(f"fern: could not bind {host}:{port} ({error.strerror})") from None
+
+
 async def run_sidecar(args: argparse.Namespace,
                       after_start: Callable[[str], object] | None = None) -> int:
     """Load the models, serve until SIGTERM/SIGINT (or until `after_start` returns False), drain."""
     from sidecar.server import Sidecar
 
+    _check_free(args.host, args.port)
+    if args.pg_port:
+        _check_free(args.pg_host or args.host, args.pg_port)
     try:
         registry = await asyncio.to_thread(load_registry, args)
     except (ValueError, OSError) as error:  # a bad --model, --device, or knob: say which
