@@ -138,8 +138,8 @@ def test_sidecar_down_writes_commit_queue_grows_then_drains(conn, fern, pg_db, s
                  120, "the first rows' vectors")
         side.terminate()
         for n in range(5):  # writes keep committing, one transaction each
-            conn.execute("INSERT INTO items SELECT g, 'second ' || g FROM generate_series(%s, %s) g",
-                         (100 + n * 20, 119 + n * 20))
+            conn.execute("INSERT INTO items SELECT g, 'second ' || g "
+                         "FROM generate_series(%s::int, %s::int) g", (100 + n * 20, 119 + n * 20))
         wait_for(lambda: worker.stats.transient_errors > 0, 60, "the worker to notice")
         (st,) = [s for s in status(conn) if s.vectorizer_id == v.id]
         assert st.pending + st.in_flight == 100
