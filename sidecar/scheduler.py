@@ -511,36 +511,59 @@ class Scheduler:
     # ------------------------------------------------------------------ worker threads
 
     def _work(self, worker: _Worker) -> None:
-        """The pipeline: build N+1 while N runs, collect and deliver N, then launch N+1.
+        """The pipeline: build N+1 while N runs, collect N, launch N+1.
 
-        Delivering N before launching N+1 keeps a synchronous (CPU) engine from holding
-        N's results for the length of N+1, and frees the engine's result buffer before
-        the next step may reuse it.
+        If online work arrived after N+1 was built without it, a small online-only step
+        is launched just before N+1, so the query waits only for the step that was in
+        flight and the big prepared step is not rebuilt. On an asynchronous (CUDA) engine
+        N+1 is launched before N's results are handed out, so the device idles as little
+        as possible; on a synchronous one (CPU, where step() computes) N is handed out
+        first, or its callers would wait for N+1 as well.
         """
-        current: _Step | None = None
-        handle: Any = None
+        launch_first = worker.device.startswith("cuda")
+        in_flight: deque[tuple[_Step, Any]] = deque()
         while True:
-            nxt = self._next_step(worker, in_flight=handle if current is not None else None)
-            if nxt is None and current is None:
+            nxt = self._next_step(worker, in_flight=in_flight[-1][1] if in_flight else None)
+            if nxt is None and not in_flight:
                 return
             prepared: Any = _FAILED
             if nxt is not None:
                 prepared = self._call(worker, nxt, worker.engine.prepare, nxt.sequences)
                 if prepared is _FAILED:
                     nxt = None
-            if current is not None:
-                rows = self._call(worker, current, handle.result)
-                if rows is not _FAILED:
-                    self._deliver(worker, current, rows)
-                current = None
+            waited = bool(in_flight)
+            deferred: tuple[_Step, np.ndarray] | None = None
+            while in_flight:  # oldest first: a jump step's online results go out first
+                step, handle = in_flight.popleft()
+                rows = self._call(worker, step, handle.result)
+                if rows is _FAILED:
+                    continue
+                if launch_first and not in_flight and nxt is not None:
+                    deferred = (step, rows)
+                else:
+                    self._deliver(worker, step, rows)
+            if nxt is not None and waited:
+                # Time passed while the last step ran: requests may have gone.
+                nxt, prepared = self._revalidate(worker, nxt, prepared)
                 if nxt is not None:
-                    # Time passed while N ran: online work may have come, requests may have gone.
-                    nxt, prepared = self._revalidate(worker, nxt, prepared)
+                    jump = self._jump_step(worker, nxt)
+                    if jump is not None:
+                        self._launch(worker, jump, None, in_flight)
             if nxt is not None:
-                handle = self._call(worker, nxt, worker.engine.step, prepared)
-                if handle is not _FAILED:
-                    self._launched(worker, nxt)
-                    current = nxt
+                self._launch(worker, nxt, prepared, in_flight)
+            if deferred is not None:
+                self._deliver(worker, *deferred)
+
+    def _launch(self, worker: _Worker, step: _Step, prepared: Any, in_flight: deque) -> None:
+        """Prepare (when `prepared` is None) and start a step; a failure fails its requests."""
+        if prepared is None:
+            prepared = self._call(worker, step, worker.engine.prepare, step.sequences)
+            if prepared is _FAILED:
+                return
+        handle = self._call(worker, step, worker.engine.step, prepared)
+        if handle is not _FAILED:
+            self._launched(worker, step)
+            in_flight.append((step, handle))
 
     def _next_step(self, worker: _Worker, *, in_flight: Any) -> _Step | None:
         """Compose this worker's next step.
@@ -595,13 +618,15 @@ class Scheduler:
         self._post(outcomes, room_freed=True)
         if not chunks:
             return None
+        return self._new_step_locked(worker, chunks, online.tokens + batch.tokens)
+
+    def _new_step_locked(self, worker: _Worker, chunks: list[Chunk], tokens: int) -> _Step:
         sequences: list[Sequence[int]] = []
         for chunk in chunks:
             sequences.extend(chunk.request.sequences[chunk.start : chunk.end])
-        step = _Step(chunks, sequences, online.tokens + batch.tokens)
-        worker.load += step.tokens
+        worker.load += tokens
         worker.holding = True
-        return step
+        return _Step(chunks, sequences, tokens)
 
     def _expire_locked(self, requests: list[Request]) -> list[tuple[Request, BaseException | None]]:
         outcomes = []
@@ -617,19 +642,13 @@ class Scheduler:
         return outcomes
 
     def _revalidate(self, worker: _Worker, step: _Step, prepared: Any) -> tuple[_Step | None, Any]:
-        """Rebuild a prepared step if online work arrived after it was built or a request left."""
+        """Rebuild a prepared step whose requests were cancelled or expired meanwhile."""
         now = time.monotonic()
         with self._cond:
-            stale = any(c.request.dropped or c.request.expired(now) for c in step.chunks)
-            # Online work that came after the step was built rides in it (ahead of its batch
-            # fill, or merged with its online part) rather than waiting one more step.
-            jumped = self._lanes[Lane.ONLINE].has_work() and (
-                any(c.request.lane == Lane.BATCH for c in step.chunks)
-                or step.tokens < self.config.max_step_tokens
-            )
-            if not stale and not jumped:
+            if not any(c.request.dropped or c.request.expired(now) for c in step.chunks):
                 return step, prepared
-            # Put the chunks back at the front of their lanes (FCFS holds), then compose anew.
+            # Put the chunks back at the front of their lanes (FCFS holds), then compose anew;
+            # the compose drops the expired ones and skips the cancelled ones.
             for lane in (Lane.BATCH, Lane.ONLINE):
                 self._lanes[lane].push_front([c for c in step.chunks if c.request.lane == lane])
             worker.load -= step.tokens
@@ -639,6 +658,26 @@ class Scheduler:
             return None, _FAILED
         prepared = self._call(worker, fresh, worker.engine.prepare, fresh.sequences)
         return (fresh, prepared) if prepared is not _FAILED else (None, _FAILED)
+
+    def _jump_step(self, worker: _Worker, step: _Step) -> _Step | None:
+        """An online-only step to run before `step`, for online work that came after it was built.
+
+        Only when `step` carries no online work: otherwise newer queries would overtake
+        older ones, and they wait for `step`, which is short (an online step's budget).
+        """
+        cfg = self.config
+        with self._cond:
+            if any(c.request.lane == Lane.ONLINE for c in step.chunks):
+                return None
+            if not self._lanes[Lane.ONLINE].has_work():
+                return None
+            took = self._lanes[Lane.ONLINE].take(
+                cfg.online_step_tokens, cfg.max_step_sequences, time.monotonic(), oversize_ok=True
+            )
+            self._post(self._expire_locked(took.expired), room_freed=True)
+            if not took.chunks:
+                return None
+            return self._new_step_locked(worker, took.chunks, took.tokens)
 
     def _call(self, worker: _Worker, step: _Step, call: Any, *args: Any) -> Any:
         """Run an engine call for `step`; if it raises, fail the step's requests with that error."""
