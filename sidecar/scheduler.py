@@ -3,9 +3,12 @@
 ONLINE (queries) has strict priority; BATCH (ingest) fills what is left of each step's
 token budget. Each engine gets a worker thread that pipelines: while step N runs, it
 builds step N+1 (`engine.prepare`, CPU only), then collects N through its handle and
-launches N+1. Results reach the asyncio loop with `call_soon_threadsafe`; the loop never
-waits on an engine. Queues are bounded in tokens (QueueFull, or `wait_for_room` for
-streams), and cancelled or expired work is dropped before it is sent to an engine.
+launches N+1; online work that arrives after N+1 was built gets a small step of its own
+launched just before N+1, so a query waits for at most the step in flight. Results
+reach the asyncio loop with `call_soon_threadsafe`; the loop never waits on an engine.
+Queues are bounded in tokens (QueueFull, or waiting for room on the stream path), and
+cancelled or expired work is dropped before it is sent to an engine. With several
+engines, an idle one takes new work before a busy one builds ahead (least-loaded first).
 """
 
 from __future__ import annotations

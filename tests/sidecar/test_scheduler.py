@@ -183,6 +183,32 @@ def test_fcfs_within_each_lane(device):
 
 
 @ASYNC_AND_SYNC
+def test_a_late_query_never_overtakes_an_earlier_one(device):
+    async def main():
+        engine = GatedEngine(name=device)
+        sched = Scheduler([engine], config(max_step_tokens=64, online_step_tokens=32))
+        await sched.start()
+        head = asyncio.create_task(sched.embed(texts(BATCH_MARK, 0, 8), Lane.BATCH))
+        await until(lambda: len(engine.stepped) == 1)
+        first = texts(ONLINE_MARK, 0, 1)
+        tasks = [asyncio.create_task(sched.embed(first, Lane.ONLINE)),
+                 asyncio.create_task(sched.embed(texts(BATCH_MARK, 100, 8), Lane.BATCH))]
+        await until(lambda: len(engine.prepared) == 2)  # `first` + batch fill, built ahead
+        late = texts(ONLINE_MARK, 10, 1)
+        tasks.append(asyncio.create_task(sched.embed(late, Lane.ONLINE)))
+        await asyncio.sleep(0.01)
+        engine.release(10**6)
+        await asyncio.gather(head, *tasks)
+        online_order = [s for step in engine.stepped for s in step if s[0] == ONLINE_MARK]
+        assert online_order == [tuple(first[0]), tuple(late[0])]
+        assert engine.stepped[1][0] == tuple(first[0])
+        assert engine.stepped[2][0] == tuple(late[0])  # and it waited for one short step only
+        await sched.drain()
+
+    run(main())
+
+
+@ASYNC_AND_SYNC
 def test_every_step_respects_the_budgets(device):
     rng = np.random.default_rng(7)
 
