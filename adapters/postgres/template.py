@@ -34,7 +34,10 @@ class Template:
 
 
 def parse_template(source: str) -> Template:
-    """Parse "{col}" placeholders; "{{" and "}}" are literal braces; a name is taken verbatim."""
+    """Parse "{col}" placeholders; "{{" and "}}" are literal braces; a name is taken verbatim.
+
+    Inside a placeholder only "}" is special: a column named "a}b" is written "{a}}b}".
+    """
     parts: list[tuple[str, str]] = []
     text: list[str] = []
     i = 0
@@ -47,10 +50,19 @@ def parse_template(source: str) -> Template:
             text.append("}")
             i += 2
         elif ch == "{":
-            end = source.find("}", i + 1)
-            if end < 0:
-                raise TemplateError(f"template {source!r}: '{{' at {i} is never closed")
-            name = source[i + 1:end]
+            # The name runs to the first single "}"; "}}" inside it is a literal "}".
+            j, buf = i + 1, []
+            while True:
+                end = source.find("}", j)
+                if end < 0:
+                    raise TemplateError(f"template {source!r}: '{{' at {i} is never closed")
+                buf.append(source[j:end])
+                if source.startswith("}}", end):
+                    buf.append("}")
+                    j = end + 2
+                    continue
+                break
+            name = "".join(buf)
             if not name:
                 raise TemplateError(f"template {source!r}: empty column name at {i}")
             if text:
@@ -80,7 +92,7 @@ def template_from_columns(columns: list[str] | tuple[str, ...]) -> Template:
         if n:
             parts.append(("text", "\n\n"))
         parts.append(("column", col))
-    source = "\n\n".join("{" + c.replace("}", "}}").replace("{", "{{") + "}" for c in columns)
+    source = "\n\n".join("{" + c.replace("}", "}}") + "}" for c in columns)
     return Template(source, tuple(parts))
 
 

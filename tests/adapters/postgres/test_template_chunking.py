@@ -21,9 +21,10 @@ def test_template_errors_name_the_template(bad):
 
 
 def test_columns_join_with_blank_line():
-    t = template_from_columns(["a", "b"])
-    assert t.parts == (("column", "a"), ("text", "\n\n"), ("column", "b"))
+    t = template_from_columns(["a", "b}{c"])
+    assert t.parts == (("column", "a"), ("text", "\n\n"), ("column", "b}{c"))
     assert parse_template(t.source).parts == t.parts
+    assert parse_template("{x}}}").columns == ["x}"]
 
 
 def test_template_renders_in_postgres(conn):
