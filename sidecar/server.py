@@ -377,12 +377,12 @@ class Sidecar:
         for extra in reversed(self.extras):
             await extra.stop()
         self.service.begin_drain()
-        started = time.monotonic()
         if not await self.service.wait_idle(grace):
             log.warning("calls still running after %.1fs of drain; cancelling them", grace)
-        await self.registry.drain()
         if self._server is not None:
-            await self._server.stop(max(0.0, grace - (time.monotonic() - started)))
+            # Calls still running now are cancelled, which drops their queued work.
+            await self._server.stop(0)
+        await self.registry.drain()
         self.registry.close()
         self._stopped.set()
 

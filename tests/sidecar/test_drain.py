@@ -13,11 +13,10 @@ from sidecar.registry import ModelSource, Registry
 from sidecar.server import Sidecar
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def registry():
-    reg = Registry.load([ModelSource(None)], device="cpu", tokenizer_workers=1)
-    yield reg
-    reg.close()
+    """A fresh registry per test: stopping a Sidecar drains its schedulers for good."""
+    return Registry.load([ModelSource(None)], device="cpu", tokenizer_workers=1)
 
 
 def test_open_stream_is_answered_then_told_to_go_elsewhere(registry):
@@ -62,3 +61,22 @@ def test_open_stream_is_answered_then_told_to_go_elsewhere(registry):
     assert failure is not None and failure.code == grpc.StatusCode.UNAVAILABLE
     assert "draining" in failure.message
     assert health == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def test_calls_past_the_grace_period_are_cancelled_and_stop_returns(registry):
+    async def main():
+        sidecar = Sidecar(registry, port=0)
+        await sidecar.start()
+        async with AsyncFernClient(sidecar.target, timeout=120) as client:
+            slow = asyncio.create_task(client.embed(["word " * 300] * 64, lane="batch"))
+            await asyncio.sleep(0.5)
+            started = asyncio.get_running_loop().time()
+            await asyncio.wait_for(sidecar.stop(grace=0.5), 30)
+            took = asyncio.get_running_loop().time() - started
+            with pytest.raises(FernError) as info:
+                await slow
+        return took, info.value.code
+
+    took, code = asyncio.run(main())
+    assert took < 10
+    assert code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
