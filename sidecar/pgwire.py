@@ -284,8 +284,8 @@ class ScramExchange:
 
 _SIMPLE_QUERY_ONLY = error_response(
     sqlliteral.FEATURE_NOT_SUPPORTED, "Fern's SQL endpoint speaks only the simple query protocol",
-    hint="Send the statement as one query string (psycopg: a query without parameters, or "
-         "ClientCursor; dblink does this).")
+    hint="Send the statement as one query string, as dblink does (psycopg: no parameters or "
+         "a ClientCursor, and prepare_threshold=None).")
 
 
 def _canonical_encoding(name: str) -> str:

@@ -5,6 +5,7 @@
 -- and default model, and grants EXECUTE. Version 1001: outside the core schema's numbers.
 
 CREATE EXTENSION IF NOT EXISTS dblink;
+CREATE EXTENSION IF NOT EXISTS vector;
 
 -- Where the endpoint is (host, port: not secret) and, in the user mapping of the functions'
 -- owner, the password, which pg_user_mappings shows to that role and superusers only.
