@@ -1,0 +1,79 @@
+"""FernClient and AsyncFernClient against a real sidecar over loopback gRPC."""
+
+import asyncio
+import socket
+
+import grpc
+import numpy as np
+import pytest
+
+from sidecar.client import AsyncFernClient, FernClient, FernError
+
+
+def test_sync_and_async_clients_return_the_same_vectors(client, sidecar_target):
+    texts = ["the cat sat on the mat", "Fern embeds text next to the database"]
+    sync = client.embed(texts)
+
+    async def go():
+        async with AsyncFernClient(sidecar_target) as aclient:
+            return await aclient.embed(texts)
+
+    got = asyncio.run(go())
+    assert sync.vectors.shape == (2, 384) and sync.vectors.dtype == np.float32
+    np.testing.assert_allclose(got.vectors, sync.vectors, atol=1e-6)
+    assert got.token_counts.tolist() == sync.token_counts.tolist()
+
+
+def test_stream_results_match_unary_and_errors_stay_per_request(client):
+    batches = [("a", ["first batch", "of two"]), ("bad", ["fine", ""]), ("c", ["last one"])]
+    results = {r.request_id: r for r in client.embed_stream(batches)}
+    assert set(results) == {"a", "bad", "c"}
+    assert results["bad"].embeddings is None
+    assert results["bad"].error.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert results["bad"].error.index == 1
+    for rid, texts in (batches[0], batches[2]):
+        expected = client.embed(texts, lane="batch").vectors
+        np.testing.assert_allclose(results[rid].embeddings.vectors, expected, atol=1e-5)
+
+
+def test_async_stream_accepts_an_async_iterable(sidecar_target):
+    async def items():
+        for i in range(5):
+            yield (f"r{i}", [f"text number {i}"] * (i + 1))
+
+    async def go():
+        async with AsyncFernClient(sidecar_target) as aclient:
+            return [r async for r in aclient.embed_stream(items())]
+
+    results = asyncio.run(go())
+    assert sorted(r.request_id for r in results) == [f"r{i}" for i in range(5)]
+    assert all(len(r.embeddings) == int(r.request_id[1:]) + 1 for r in results)
+
+
+def test_errors_carry_status_and_input_index(client):
+    with pytest.raises(FernError) as err:
+        client.embed(["ok", "also ok", ""])
+    assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.index == 2
+    assert "texts[2]" in err.value.message
+
+
+def test_default_model_comes_first_and_model_lookup(client):
+    models = client.list_models()
+    assert models[0].dimensions == 384 and models[0].max_tokens == 256
+    assert client.model().name == models[0].name
+    with pytest.raises(FernError) as err:
+        client.model("no-such-model")
+    assert err.value.code is grpc.StatusCode.NOT_FOUND
+
+
+def test_wait_ready_on_a_dead_port_says_unavailable():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with FernClient(f"127.0.0.1:{port}") as dead:
+        assert dead.health(timeout=0.5) is False
+        with pytest.raises(FernError) as err:
+            dead.wait_ready(timeout=0.5)
+    assert err.value.code is grpc.StatusCode.UNAVAILABLE
+    assert str(port) in err.value.message
