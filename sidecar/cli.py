@@ -268,6 +268,8 @@ async def run_sidecar(args: argparse.Namespace,
     """Load the models, serve until SIGTERM/SIGINT (or until `after_start` returns False), drain."""
     from sidecar.server import Sidecar
 
+    if args.pg_port is not None and not args.token:
+        raise SystemExit("fern: --pg-port needs --token (it is the Postgres endpoint's password)")
     _check_free(args.host, args.port)
     if args.pg_port:
         _check_free(args.pg_host or args.host, args.pg_port)
@@ -278,8 +280,6 @@ async def run_sidecar(args: argparse.Namespace,
     kwargs = {} if args.max_request_inputs is None else {"max_inputs": args.max_request_inputs}
     sidecar = Sidecar(registry, host=args.host, port=args.port, token=args.token, **kwargs)
     if args.pg_port is not None:
-        if not args.token:
-            raise SystemExit("fern: --pg-port needs --token (it is the Postgres endpoint's password)")
         from sidecar.pgwire import PgWireServer
 
         sidecar.extras.append(PgWireServer(sidecar.gateway, args.pg_host or args.host,

@@ -121,3 +121,8 @@ def test_serve_reports_a_port_in_use(fern_cmd):
         out = run(fern_cmd, "serve", "--port", str(port), "--device", "cpu")
     assert out.returncode == 1
     assert f"fern: could not bind 127.0.0.1:{port}" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_postgres_endpoint_needs_a_token(fern_cmd):
+    out = run(fern_cmd, "serve", "--port", "0", "--pg-port", "0")
+    assert out.returncode == 1 and "--pg-port needs --token" in out.stderr
