@@ -9,9 +9,11 @@ import torch
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _two_threads() -> None:
-    # The CI machine has two cores shared by several suites.
-    torch.set_num_threads(2)
+def _one_thread() -> None:
+    # One intra-op thread: on a small machine shared with other suites, OpenMP threads spin
+    # while waiting for a busy core; measured here, 2 threads cost 3-10x the CPU time of 1
+    # for the same forward passes, and were slower in wall time too.
+    torch.set_num_threads(1)
 
 
 def _varied_texts() -> list[str]:
