@@ -1,0 +1,53 @@
+"""`fern demo`'s Postgres part, and the `fern pg` verbs run as a user would run them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import psycopg
+from pg_helpers import cosines, fetch_vectors
+
+from adapters.postgres import demo
+
+
+def test_demo_runs_end_to_end(pg_target, capsys):
+    demo.run(pg_target)
+    out = capsys.readouterr().out
+    assert out.count("vector readable") == len(demo.ARTICLES)
+    assert "-> 0 row(s) queued" in out
+    assert "re-embedded" in out
+    assert "QX-7" in out.split("Hybrid search")[1]
+    assert "pending 0, in flight 0, failed 0" in out
+
+
+def fern_pg(*args: str) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, "-m", "sidecar.cli", "pg", *args],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_cli_vectorize_worker_status(pg_db, pg_target, fern):
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE posts (id int PRIMARY KEY, title text, body text)")
+        conn.execute("INSERT INTO posts SELECT g, 'title ' || g, 'body ' || g "
+                     "FROM generate_series(1, 40) g")
+    out = fern_pg("vectorize", "--dsn", pg_db, "--target", pg_target, "posts",
+                  "--template", "{title}: {body}", "--hybrid")
+    assert "40 row(s) queued" in out.stdout
+    st = json.loads(fern_pg("status", "--dsn", pg_db, "--json").stdout)
+    assert [(s["pending"], s["in_flight"], s["failed"]) for s in st] == [(40, 0, 0)]
+    fern_pg("worker", "--dsn", pg_db, "--target", pg_target, "--once")
+    st = json.loads(fern_pg("status", "--dsn", pg_db, "--json").stdout)
+    assert [(s["pending"], s["in_flight"], s["failed"]) for s in st] == [(0, 0, 0)]
+    with psycopg.connect(pg_db) as conn:
+        from pgvector.psycopg import register_vector
+
+        register_vector(conn)
+        ids, vecs = fetch_vectors(conn, "SELECT id, embedding FROM posts ORDER BY id")
+    ref = fern.embed([f"title {i}: body {i}" for i in ids], prompt="passage").vectors
+    assert len(ids) == 40 and cosines(vecs, ref).min() >= 0.99999
+    table = fern_pg("status", "--dsn", pg_db).stdout
+    assert "public.posts.embedding" in table
