@@ -43,6 +43,10 @@ class AttentionBackend(Protocol):
     [T, Hq, D] in q's dtype. Attention never crosses a sequence boundary; ``meta.causal``
     restricts it further to earlier tokens of the same sequence. Rows for tokens that
     belong to no sequence may hold anything (they are dropped by pooling).
+
+    q, k and v are usually views into a fused projection's output: the last dimension is
+    contiguous, the token and head strides are not. A backend whose kernel needs dense
+    inputs calls ``.contiguous()`` itself.
     """
 
     name: str

@@ -7,7 +7,7 @@ from torch import nn
 
 
 class RotaryEmbedding(nn.Module):
-    """Computes cos/sin for each token's position and rotates q/k heads with them.
+    """Computes per-token cos/sin for ``positions`` and rotates head vectors with them.
 
     cos/sin are computed from ``positions`` every forward (one small outer product shared by
     all layers) rather than gathered from a table, so any position up to the model limit
@@ -23,15 +23,17 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape [T, 1, head_dim] in ``dtype`` for ``positions`` [T]."""
+        """(cos, signed_sin), each [T, 1, head_dim] in ``dtype``, for ``apply_rotary``.
+
+        ``signed_sin`` is ``[-sin, sin]`` over the two halves, which turns rotate-half into a
+        roll: x*cos + rotate_half(x)*sin == x*cos + roll(x, D/2)*signed_sin.
+        """
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        sin = freqs.sin()
+        cos = freqs.cos()
+        return torch.cat((cos, cos), dim=-1)[:, None, :].to(dtype), torch.cat((-sin, sin), dim=-1)[:, None, :].to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` [T, H, D] by the per-token angles (rotate-half convention)."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return x * cos + rotated * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` [T, H, D] by the per-token angles (rotate-half convention), in three kernels."""
+    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), signed_sin)

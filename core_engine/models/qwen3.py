@@ -12,11 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from core_engine.attention.base import AttentionBackend, AttentionMetadata
 from core_engine.config import ModelSpec
-from core_engine.layers.linear import QKVLinear, fuse_rows
+from core_engine.layers.linear import fuse_rows
 from core_engine.layers.mlp import SwiGLU
 from core_engine.layers.norm import RMSNorm
 from core_engine.layers.rotary import RotaryEmbedding, apply_rotary
@@ -28,7 +29,13 @@ def _head_dim(cfg: dict[str, Any]) -> int:
 
 
 class Qwen3Layer(nn.Module):
-    """x += attn(norm(x)); x += mlp(norm(x)), with q/k normalized per head before rotary."""
+    """x += attn(norm(x)); x += mlp(norm(x)), with q/k normalized per head before rotary.
+
+    q and k heads sit side by side in the fused projection's output, so they are
+    normalized and rotated together as one [T, Hq + Hkv, D] tensor: one norm, one weight
+    multiply and one rotary instead of two of each. ``qk_norm_weight`` [Hq + Hkv, D] holds
+    q_norm's weight on the q rows and k_norm's on the k rows (stacked at load time).
+    """
 
     def __init__(self, cfg: dict[str, Any], attention: AttentionBackend) -> None:
         super().__init__()
@@ -37,11 +44,12 @@ class Qwen3Layer(nn.Module):
         kv_heads = cfg.get("num_key_value_heads") or heads
         head_dim = _head_dim(cfg)
         eps = cfg.get("rms_norm_eps", 1e-6)
+        bias = bool(cfg.get("attention_bias", False))
+        self.heads, self.kv_heads, self.head_dim, self.eps = heads, kv_heads, head_dim, eps
         self.input_norm = RMSNorm(hidden, eps)
-        self.qkv = QKVLinear(hidden, heads, kv_heads, head_dim, bias=bool(cfg.get("attention_bias", False)))
-        self.q_norm = RMSNorm(head_dim, eps)
-        self.k_norm = RMSNorm(head_dim, eps)
-        self.out = nn.Linear(heads * head_dim, hidden, bias=bool(cfg.get("attention_bias", False)))
+        self.qkv = nn.Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=bias)
+        self.qk_norm_weight = nn.Parameter(torch.ones(heads + kv_heads, head_dim))
+        self.out = nn.Linear(heads * head_dim, hidden, bias=bias)
         self.post_norm = RMSNorm(hidden, eps)
         self.mlp = SwiGLU(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu"))
         self.attention = attention
@@ -49,10 +57,13 @@ class Qwen3Layer(nn.Module):
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        q, k, v = self.qkv(self.input_norm(x))
-        q = apply_rotary(self.q_norm(q), cos, sin)
-        k = apply_rotary(self.k_norm(k), cos, sin)
-        a = self.attention(q, k, v, meta).reshape(x.shape[0], -1)
+        t, d = x.shape[0], self.head_dim
+        qk, v = self.qkv(self.input_norm(x)).split([(self.heads + self.kv_heads) * d, self.kv_heads * d], dim=-1)
+        # Normalize first, then weight, rounding in between as transformers' Qwen3RMSNorm does.
+        qk = F.rms_norm(qk.view(t, -1, d), (d,), None, self.eps) * self.qk_norm_weight
+        qk = apply_rotary(qk, cos, sin)
+        q, k = qk.split([self.heads, self.kv_heads], dim=1)
+        a = self.attention(q, k, v.view(t, self.kv_heads, d), meta).reshape(t, -1)
         x = x + self.out(a)
         return x + self.mlp(self.post_norm(x))
 
@@ -103,13 +114,15 @@ def convert_weights(hf: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, t
         a = p + "self_attn."
         out[p + "input_norm.weight"] = take(p + "input_layernorm.weight")
         out[p + "post_norm.weight"] = take(p + "post_attention_layernorm.weight")
-        out[p + "qkv.proj.weight"] = fuse_rows(take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight"))
+        out[p + "qkv.weight"] = fuse_rows(take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight"))
         if bias:
-            out[p + "qkv.proj.bias"] = fuse_rows(take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias"))
+            out[p + "qkv.bias"] = fuse_rows(take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias"))
             out[p + "out.bias"] = take(a + "o_proj.bias")
         out[p + "out.weight"] = take(a + "o_proj.weight")
-        out[p + "q_norm.weight"] = take(a + "q_norm.weight")
-        out[p + "k_norm.weight"] = take(a + "k_norm.weight")
+        heads = spec.config["num_attention_heads"]
+        kv_heads = spec.config.get("num_key_value_heads") or heads
+        q_norm, k_norm = take(a + "q_norm.weight"), take(a + "k_norm.weight")
+        out[p + "qk_norm_weight"] = fuse_rows(q_norm.expand(heads, -1), k_norm.expand(kv_heads, -1))
         out[p + "mlp.gate_up.weight"] = fuse_rows(take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight"))
         out[p + "mlp.down.weight"] = take(p + "mlp.down_proj.weight")
     return out
