@@ -4,8 +4,9 @@ Why a Postgres endpoint: `dblink`, shipped with PostgreSQL and offered by manage
 services, can call any server that speaks the Postgres protocol, so a plain SQL
 function (`fern.embed`, adapters/postgres/embed_function.py) can reach the GPU with no
 untrusted language. The endpoint answers the protocol's startup handshake, SCRAM-SHA-256
-password authentication (the secret is the sidecar's token), and the simple-query
-protocol for the grammar of `sidecar.sqlliteral`; every embedding goes through
+password authentication (the secret is the sidecar's token), CancelRequest, and the
+simple and extended query protocols (parameters $1.. bound as text) for the grammar of
+`sidecar.sqlliteral`; every embedding goes through
 `Gateway.embed`, so SQL callers get the gRPC callers' validation, messages and
 scheduler lanes. Vectors come back as pgvector text (`[0.1,-0.2,...]`) in a text
 column, so `::vector` or dblink's `AS r(v vector)` reads them.
@@ -115,22 +116,23 @@ def empty_query_response() -> bytes:
     return message(b"I")
 
 
-def row_description(columns: list[tuple[str, int]]) -> bytes:
-    """Columns as (name, type oid); every value is sent in text format."""
+def row_description(columns: list[tuple[str, int]], binary: tuple[bool, ...] = ()) -> bytes:
+    """Columns as (name, type oid), each in text format unless `binary` says otherwise."""
     body = struct.pack("!H", len(columns))
-    for name, oid in columns:
+    for i, (name, oid) in enumerate(columns):
         size = 4 if oid == INT4_OID else -1
-        body += cstring(name) + struct.pack("!IhIhih", 0, 0, oid, size, -1, 0)
+        fmt = 1 if i < len(binary) and binary[i] else 0
+        body += cstring(name) + struct.pack("!IhIhih", 0, 0, oid, size, -1, fmt)
     return message(b"T", body)
 
 
-def data_row(values: list[str | None]) -> bytes:
+def data_row(values: list[str | bytes | None]) -> bytes:
     parts = [struct.pack("!H", len(values))]
     for value in values:
         if value is None:
             parts.append(struct.pack("!i", -1))
         else:
-            raw = value.encode()
+            raw = value.encode() if isinstance(value, str) else value
             parts.append(struct.pack("!i", len(raw)) + raw)
     return message(b"D", b"".join(parts))
 
@@ -282,11 +284,6 @@ class ScramExchange:
 
 # ---- the server ---------------------------------------------------------------------------
 
-_SIMPLE_QUERY_ONLY = error_response(
-    sqlliteral.FEATURE_NOT_SUPPORTED, "Fern's SQL endpoint speaks only the simple query protocol",
-    hint="Send the statement as one query string, as dblink does (psycopg: no parameters or "
-         "a ClientCursor, and prepare_threshold=None).")
-
 
 def _canonical_encoding(name: str) -> str:
     return name.replace("-", "").replace("_", "").upper()
@@ -302,7 +299,9 @@ class _Session:
     settings: dict[str, str]
     writer: asyncio.StreamWriter
     task: asyncio.Task | None = None     # the query being answered, for CancelRequest
-    cancelled: bool = field(default=False)
+    cancelled: bool = False
+    statements: dict[str, "_Prepared"] = field(default_factory=dict)   # extended protocol
+    portals: dict[str, "_Portal"] = field(default_factory=dict)
 
 
 class PgWireServer:
@@ -515,55 +514,138 @@ class PgWireServer:
             if tag == b"X":
                 return
             if tag == b"Q":
-                await self._simple_query(session, body)
+                writer.write(await self._answer(session, self._simple_query, body)
+                             + ready_for_query())
             elif tag == b"S":
                 skipping_to_sync = False
+                session.portals.pop("", None)
                 writer.write(ready_for_query())
-            elif tag in (b"P", b"B", b"D", b"E", b"C", b"H"):
-                # Extended query: one error, then discard until Sync, as the protocol asks.
+            elif tag in _EXTENDED:
+                # After an error, the rest of an extended-query batch is skipped up to Sync.
                 if not skipping_to_sync:
-                    writer.write(_SIMPLE_QUERY_ONLY)
-                    skipping_to_sync = True
+                    out = await self._answer(session, getattr(self, _EXTENDED[tag]), body)
+                    skipping_to_sync = out[:1] == b"E"
+                    writer.write(out)
             elif tag == b"F":
-                writer.write(_SIMPLE_QUERY_ONLY + ready_for_query())
+                writer.write(error_response(sqlliteral.FEATURE_NOT_SUPPORTED,
+                                            "function calls are not supported") + ready_for_query())
             elif tag in (b"d", b"c", b"f"):
                 pass  # COPY messages outside COPY are ignored, per the protocol
             else:
                 raise ProtocolError(PROTOCOL_VIOLATION, f"invalid frontend message type {tag!r}")
             await writer.drain()
 
-    async def _simple_query(self, session: _Session, body: bytes) -> None:
-        writer = session.writer
+    async def _answer(self, session: _Session, handler, body: bytes) -> bytes:
+        """Run one message's handler; a refusal becomes an ErrorResponse and the session goes on."""
         try:
-            if not body.endswith(b"\0") or b"\0" in body[:-1]:
-                raise SqlError(PROTOCOL_VIOLATION, "invalid string in message: the query "
-                               "holds a NUL byte")
-            try:
-                sql = body[:-1].decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise SqlError("22021", 'invalid byte sequence for encoding "UTF8": '
-                               f"0x{body[exc.start]:02x}") from None
-            scs = session.settings["standard_conforming_strings"] == "on"
-            stmt = sqlliteral.parse(sql, standard_conforming_strings=scs)
-            if isinstance(stmt, EmptyQuery):
-                writer.write(empty_query_response())
-            elif isinstance(stmt, SetCommand):
-                writer.write(self._set(session, stmt))
-            elif isinstance(stmt, ShowCommand):
-                writer.write(self._show(session, stmt))
-            else:
-                writer.write(await self._embed_in_task(session, stmt))
+            return await handler(session, body)
         except SqlError as exc:
-            writer.write(error_response(exc.sqlstate, exc.message, position=exc.position,
-                                        hint=exc.hint))
+            return error_response(exc.sqlstate, exc.message, position=exc.position, hint=exc.hint)
         except EmbedError as exc:
-            writer.write(error_response(SQLSTATE_OF_CODE.get(exc.code, INTERNAL_ERROR),
-                                        exc.message))
+            return error_response(SQLSTATE_OF_CODE.get(exc.code, INTERNAL_ERROR), exc.message)
+        except ProtocolError:
+            raise
         except Exception as exc:  # a bug here must not end the session; the client and the log see it
             log.exception("Postgres endpoint: query failed")
-            writer.write(error_response(INTERNAL_ERROR, f"internal error in Fern's SQL endpoint: "
-                                        f"{type(exc).__name__}: {exc}"))
-        writer.write(ready_for_query())
+            return error_response(INTERNAL_ERROR, f"internal error in Fern's SQL endpoint: "
+                                  f"{type(exc).__name__}: {exc}")
+
+    def _parse_sql(self, session: _Session, sql: str,
+                   params: list[str | None] | None = None) -> sqlliteral.Statement:
+        scs = session.settings["standard_conforming_strings"] == "on"
+        return sqlliteral.parse(sql, standard_conforming_strings=scs, params=params)
+
+    async def _simple_query(self, session: _Session, body: bytes) -> bytes:
+        sql = _message_string(body)
+        return await self._run(session, self._parse_sql(session, sql), describe=True)
+
+    async def _parse(self, session: _Session, body: bytes) -> bytes:
+        """Parse: name, query, parameter types -> ParseComplete."""
+        cursor = _Cursor(body)
+        name, sql = cursor.string(), cursor.string()
+        types = [cursor.int32() for _ in range(cursor.int16())]
+        if name and name in session.statements:
+            raise SqlError("42P05", f'prepared statement "{name}" already exists')
+        scs = session.settings["standard_conforming_strings"] == "on"
+        count = sqlliteral.count_params(sql, standard_conforming_strings=scs)
+        session.statements[name] = _Prepared(sql, max(count, len(types)))
+        return message(b"1")
+
+    async def _bind(self, session: _Session, body: bytes) -> bytes:
+        """Bind: portal, statement, parameter values (text or binary text) -> BindComplete."""
+        cursor = _Cursor(body)
+        portal, name = cursor.string(), cursor.string()
+        formats = [cursor.int16() for _ in range(cursor.int16())]
+        values = [cursor.bytes(cursor.int32()) for _ in range(cursor.int16())]
+        result_formats = [cursor.int16() for _ in range(cursor.int16())]
+        prepared = session.statements.get(name)
+        if prepared is None:
+            raise SqlError("26000", f'prepared statement "{name}" does not exist')
+        if len(values) != prepared.params:
+            raise SqlError(PROTOCOL_VIOLATION, f"bind message supplies {len(values)} parameters, "
+                           f"but prepared statement \"{name}\" requires {prepared.params}")
+        if len(formats) not in (0, 1, len(values)) or any(f not in (0, 1) for f in formats):
+            raise SqlError(PROTOCOL_VIOLATION, "bind message has invalid parameter format codes")
+        # A text parameter's binary form is its UTF-8 bytes too, so both formats read alike.
+        params = [None if v is None else _decode_param(v, i) for i, v in enumerate(values)]
+        stmt = self._parse_sql(session, prepared.sql, params)
+        columns = _columns(stmt)
+        binary = _result_binary(result_formats, len(columns))
+        session.portals[portal] = _Portal(stmt, binary)
+        return message(b"2")
+
+    async def _describe(self, session: _Session, body: bytes) -> bytes:
+        cursor = _Cursor(body)
+        kind, name = cursor.bytes(1), cursor.string()
+        if kind == b"S":
+            prepared = session.statements.get(name)
+            if prepared is None:
+                raise SqlError("26000", f'prepared statement "{name}" does not exist')
+            stmt = self._parse_sql(session, prepared.sql, [""] * prepared.params)
+            params = message(b"t", struct.pack("!H", prepared.params)
+                             + struct.pack("!I", TEXT_OID) * prepared.params)
+            columns = _columns(stmt)
+            return params + (row_description(columns) if columns else message(b"n"))
+        portal = session.portals.get(name)
+        if portal is None:
+            raise SqlError("34000", f'portal "{name}" does not exist')
+        columns = _columns(portal.stmt)
+        return row_description(columns, portal.binary) if columns else message(b"n")
+
+    async def _execute(self, session: _Session, body: bytes) -> bytes:
+        cursor = _Cursor(body)
+        name = cursor.string()
+        portal = session.portals.get(name)
+        if portal is None:
+            raise SqlError("34000", f'portal "{name}" does not exist')
+        return await self._run(session, portal.stmt, describe=False, binary=portal.binary)
+
+    async def _close(self, session: _Session, body: bytes) -> bytes:
+        cursor = _Cursor(body)
+        kind, name = cursor.bytes(1), cursor.string()
+        (session.statements if kind == b"S" else session.portals).pop(name, None)
+        return message(b"3")
+
+    async def _flush(self, session: _Session, body: bytes) -> bytes:
+        return b""
+
+    async def _run(self, session: _Session, stmt: sqlliteral.Statement, *, describe: bool,
+                   binary: tuple[bool, ...] = ()) -> bytes:
+        """A statement's answer: [RowDescription] DataRow* CommandComplete (or its equivalent)."""
+        if isinstance(stmt, EmptyQuery):
+            return empty_query_response()
+        if isinstance(stmt, SetCommand):
+            return self._set(session, stmt)
+        if isinstance(stmt, ShowCommand):
+            rows, tag = [[self._show(session, stmt)]], "SHOW"
+        else:
+            rows = await self._embed_in_task(session, stmt)
+            tag = f"SELECT {len(rows)}"
+        columns = _columns(stmt)
+        out = [row_description(columns, binary)] if describe else []
+        out += [data_row(_encode_row(row, columns, binary)) for row in rows]
+        out.append(command_complete(tag))
+        return b"".join(out)
 
     def _set(self, session: _Session, stmt: SetCommand) -> bytes:
         name = stmt.name.lower()
@@ -585,24 +667,21 @@ class PgWireServer:
                                f'Boolean value, not "{stmt.value}"')
             session.settings["standard_conforming_strings"] = value
             return tag + parameter_status("standard_conforming_strings", value)
-        if name in ("application_name", "extra_float_digits", "datestyle", "timezone",
-                    "intervalstyle", "statement_timeout", "search_path"):
-            if name == "application_name":
-                session.settings["application_name"] = stmt.value or ""
-                return tag + parameter_status("application_name", stmt.value or "")
-            return tag
+        if name == "application_name":
+            session.settings["application_name"] = stmt.value or ""
+            return tag + parameter_status("application_name", stmt.value or "")
+        if name in _ACCEPTED_SETTINGS:
+            return tag  # what drivers set on connect; nothing here depends on them
         raise SqlError(sqlliteral.UNDEFINED_OBJECT, f'unrecognized configuration parameter "{stmt.name}"')
 
-    def _show(self, session: _Session, stmt: ShowCommand) -> bytes:
-        by_lower = {k.lower(): (k, v) for k, v in session.settings.items()}
+    def _show(self, session: _Session, stmt: ShowCommand) -> str:
+        by_lower = {k.lower(): v for k, v in session.settings.items()}
         if stmt.name.lower() not in by_lower:
             raise SqlError(sqlliteral.UNDEFINED_OBJECT,
                            f'unrecognized configuration parameter "{stmt.name}"')
-        name, value = by_lower[stmt.name.lower()]
-        return (row_description([(name, TEXT_OID)]) + data_row([value])
-                + command_complete("SHOW"))
+        return by_lower[stmt.name.lower()]
 
-    async def _embed_in_task(self, session: _Session, call: EmbedCall) -> bytes:
+    async def _embed_in_task(self, session: _Session, call: EmbedCall) -> list[list[str | None]]:
         """Run the embedding as a task a CancelRequest (or stop()) can interrupt."""
         session.cancelled = False
         session.task = asyncio.ensure_future(self._embed(call))
@@ -618,9 +697,10 @@ class PgWireServer:
             raise SqlError(QUERY_CANCELED, reason)
         return task.result()
 
-    async def _embed(self, call: EmbedCall) -> bytes:
+    async def _embed(self, call: EmbedCall) -> list[list[str | None]]:
+        """Rows of pgvector text: [vector] for embed(), [ord, vector] per text for embed_many()."""
         present = [i for i, t in enumerate(call.texts) if t is not None]
-        rows: list[str | None] = [None] * len(call.texts)
+        vectors: list[str | None] = [None] * len(call.texts)
         if present:
             opts = call.options
             params = EmbedParams(
@@ -638,11 +718,109 @@ class PgWireServer:
                     raise EmbedError(exc.code, text, original) from None
                 raise
             for i, vector in zip(present, result.vectors):
-                rows[i] = vector_text(vector)
+                vectors[i] = vector_text(vector)
         if not call.many:
-            return (row_description([("embed", TEXT_OID)]) + data_row(rows)
-                    + command_complete("SELECT 1"))
-        out = [row_description([("ord", INT4_OID), ("embedding", TEXT_OID)])]
-        out += [data_row([str(i + 1), row]) for i, row in enumerate(rows)]
-        out.append(command_complete(f"SELECT {len(rows)}"))
-        return b"".join(out)
+            return [[vectors[0]]]
+        return [[str(i + 1), v] for i, v in enumerate(vectors)]
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    sql: str
+    params: int
+
+
+@dataclass(frozen=True)
+class _Portal:
+    stmt: sqlliteral.Statement
+    binary: tuple[bool, ...]
+
+
+class _Cursor:
+    """Reads the fields of one frontend message body; running short is a protocol violation."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.i = 0
+
+    def bytes(self, n: int) -> bytes | None:
+        if n == -1:
+            return None
+        if n < 0 or self.i + n > len(self.body):
+            raise ProtocolError(PROTOCOL_VIOLATION, "insufficient data left in message")
+        out, self.i = self.body[self.i:self.i + n], self.i + n
+        return out
+
+    def int16(self) -> int:
+        return struct.unpack("!h", self.bytes(2))[0]
+
+    def int32(self) -> int:
+        return struct.unpack("!i", self.bytes(4))[0]
+
+    def string(self) -> str:
+        end = self.body.find(b"\0", self.i)
+        if end < 0:
+            raise ProtocolError(PROTOCOL_VIOLATION, "invalid string in message")
+        raw, self.i = self.body[self.i:end], end + 1
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SqlError("22021", 'invalid byte sequence for encoding "UTF8": '
+                           f"0x{raw[exc.start]:02x}") from None
+
+
+# Extended-query messages and the methods that answer them.
+_EXTENDED = {b"P": "_parse", b"B": "_bind", b"D": "_describe", b"E": "_execute", b"C": "_close",
+             b"H": "_flush"}
+# Settings drivers send on connect that change nothing here; SET accepts and ignores them.
+_ACCEPTED_SETTINGS = ("extra_float_digits", "datestyle", "timezone", "intervalstyle",
+                      "statement_timeout", "search_path")
+
+
+def _message_string(body: bytes) -> str:
+    """A Query message's one string: NUL-terminated, no NUL inside, UTF-8."""
+    if not body.endswith(b"\0") or b"\0" in body[:-1]:
+        raise SqlError(PROTOCOL_VIOLATION, "invalid string in message: the query holds a NUL byte")
+    try:
+        return body[:-1].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SqlError("22021", 'invalid byte sequence for encoding "UTF8": '
+                       f"0x{body[exc.start]:02x}") from None
+
+
+def _decode_param(value: bytes, index: int) -> str:
+    if b"\0" in value:
+        raise SqlError("22021", f'invalid byte sequence for encoding "UTF8": 0x00 (parameter ${index + 1})')
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SqlError("22021", f'invalid byte sequence for encoding "UTF8": '
+                       f"0x{value[exc.start]:02x} (parameter ${index + 1})") from None
+
+
+def _columns(stmt: sqlliteral.Statement) -> list[tuple[str, int]]:
+    if isinstance(stmt, EmbedCall):
+        return [("ord", INT4_OID), ("embedding", TEXT_OID)] if stmt.many else [("embed", TEXT_OID)]
+    if isinstance(stmt, ShowCommand):
+        return [(stmt.name.lower(), TEXT_OID)]
+    return []
+
+
+def _result_binary(formats: list[int], columns: int) -> tuple[bool, ...]:
+    if any(f not in (0, 1) for f in formats) or len(formats) not in (0, 1, columns):
+        raise SqlError(PROTOCOL_VIOLATION, "bind message has invalid result format codes")
+    if len(formats) == 1:
+        formats = formats * columns
+    return tuple(f == 1 for f in formats) if formats else (False,) * columns
+
+
+def _encode_row(row: list[str | None], columns: list[tuple[str, int]],
+                binary: tuple[bool, ...]) -> list[str | bytes | None]:
+    """Text values as they are; binary int4 as 4 big-endian bytes (binary text is its UTF-8)."""
+    out: list[str | bytes | None] = []
+    for value, (_, oid), is_binary in zip(row, columns, binary or (False,) * len(row)):
+        if value is not None and is_binary and oid == INT4_OID:
+            out.append(struct.pack("!i", int(value)))
+        else:
+            out.append(value)
+    return out

@@ -12,7 +12,8 @@ and libpq send, and nothing else:
     SHOW <name>
     (empty query)
 
-Every <text>, <model> and <options> is a SQL string constant or NULL, parsed exactly as
+Every <text>, <model> and <options> is a SQL string constant, NULL, or (extended query
+protocol) a parameter $n bound as text. String constants are parsed exactly as
 PostgreSQL's lexer does ('' doubling, E'' escapes, U&'' escapes with UESCAPE, dollar quoting,
 continuation across newlines, standard_conforming_strings). <options> is a string such as
 'lane=batch,dimensions=256,prompt=query,normalize=false,truncate=false'. Anything else is
@@ -23,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # SQLSTATE codes the parser raises (PostgreSQL's errcodes.txt).
@@ -33,6 +35,8 @@ FEATURE_NOT_SUPPORTED = "0A000"
 INVALID_PARAMETER_VALUE = "22023"
 INVALID_ESCAPE_SEQUENCE = "22025"
 CHARACTER_NOT_IN_REPERTOIRE = "22021"
+
+MAX_PARAMS = 65535  # the protocol's limit
 
 
 class SqlError(Exception):
@@ -95,6 +99,7 @@ class _Kind(enum.Enum):
     STRING = "string"
     NUMBER = "number"
     PUNCT = "punctuation"
+    PARAM = "parameter"
     EOF = "end of input"
 
 
@@ -177,6 +182,12 @@ class _Lexer:
         if ch in "bBxXnN" and nxt == "'":
             kind = "national character" if ch in "nN" else "bit-string"
             raise self.error(FEATURE_NOT_SUPPORTED, f"{kind} literals are not supported", start)
+        if ch == "$" and nxt.isdigit():
+            j = start + 1
+            while j < len(sql) and sql[j].isdigit():
+                j += 1
+            self.i = j
+            return _Token(_Kind.PARAM, sql[start + 1:j], start, sql[start:j])
         if ch == "$" and (tag_end := self._dollar_tag_end(start)) is not None:
             return self._dollar_string(start, tag_end)
         if ch == '"':
@@ -432,8 +443,11 @@ class _Lexer:
 
 
 class _Parser:
-    def __init__(self, sql: str, standard_conforming_strings: bool) -> None:
+    def __init__(self, sql: str, standard_conforming_strings: bool,
+                 params: Sequence[str | None] | None) -> None:
         self.lexer = _Lexer(sql, standard_conforming_strings)
+        self.params = params
+        self.max_param = 0
         self.tok = self.lexer.next()
 
     def advance(self) -> _Token:
@@ -572,6 +586,18 @@ class _Parser:
         if tok.kind is _Kind.IDENT and not tok.quoted and tok.value == "null":
             self.advance()
             return None
+        if tok.kind is _Kind.PARAM:
+            self.advance()
+            n = int(tok.value)
+            if n < 1 or n > MAX_PARAMS:
+                raise SqlError(SYNTAX_ERROR, f"there is no parameter ${tok.value}", tok.pos + 1)
+            self.max_param = max(self.max_param, n)
+            if self.params is None:
+                raise SqlError(SYNTAX_ERROR, f"there is no parameter ${n}", tok.pos + 1,
+                               "Parameters ($1, ...) need the extended query protocol.")
+            if n > len(self.params):
+                return ""  # Parse time: values not bound yet; Bind checks the count
+            return self.params[n - 1]
         if tok.kind in (_Kind.EOF,) or (tok.kind is _Kind.PUNCT and tok.value in ",()"):
             raise self.syntax_error()
         raise SqlError(FEATURE_NOT_SUPPORTED,
@@ -597,9 +623,21 @@ class _Parser:
         return tuple(texts)
 
 
-def parse(sql: str, *, standard_conforming_strings: bool = True) -> Statement:
-    """Parse one simple-query string; raises SqlError with a PostgreSQL SQLSTATE."""
-    return _Parser(sql, standard_conforming_strings).statement()
+def parse(sql: str, *, standard_conforming_strings: bool = True,
+          params: Sequence[str | None] | None = None) -> Statement:
+    """Parse one statement; raises SqlError with a PostgreSQL SQLSTATE.
+
+    `params` are the text values of $1, $2, ... (extended query protocol); None (simple
+    query protocol) makes a parameter reference an error.
+    """
+    return _Parser(sql, standard_conforming_strings, params).statement()
+
+
+def count_params(sql: str, *, standard_conforming_strings: bool = True) -> int:
+    """The highest $n a statement refers to (checking its grammar on the way)."""
+    parser = _Parser(sql, standard_conforming_strings, ())
+    parser.statement()
+    return parser.max_param
 
 
 _TRUE = {"true", "on", "yes", "1", "t", "y"}

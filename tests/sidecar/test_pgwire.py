@@ -191,10 +191,30 @@ def test_a_megabyte_text_is_embedded(pg, grpc_client):
     assert_usable(pg)
 
 
-def test_extended_protocol_is_refused_and_the_connection_recovers(pg):
-    with pytest.raises(psycopg.errors.FeatureNotSupported) as info:
-        pg.execute("SELECT embed(%s)", ["parameters need the extended protocol"])
-    assert "simple query protocol" in info.value.diag.message_primary
+def test_extended_protocol_binds_parameters_as_text(pg, grpc_client):
+    """psycopg's default: parameters travel apart from the SQL; after 5 runs it prepares."""
+    texts = ["bound as a parameter: it's \\ not SQL", "'); DROP TABLE x; --"]
+    want = grpc_client.embed(texts, dimensions=32).vectors
+    for _ in range(7):                                   # past psycopg's prepare_threshold
+        rows = pg.execute("SELECT * FROM embed_many(ARRAY[%s, NULL, %s], %s, %s)",
+                          [texts[0], texts[1], "", "dimensions=32"]).fetchall()
+        assert [r[0] for r in rows] == [1, 2, 3] and rows[1][1] is None
+        assert cosine(vector(rows[0][1]), want[0]) >= 0.99999
+        assert cosine(vector(rows[2][1]), want[1]) >= 0.99999
+    with pg.cursor(binary=True) as cur:                  # binary results: int4 and text
+        (ord_, got), = cur.execute("SELECT * FROM embed_many(ARRAY[%s])", [texts[0]]).fetchall()
+    assert ord_ == 1 and cosine(vector(got), grpc_client.embed([texts[0]]).vectors[0]) >= 0.99999
+    assert pg.execute("SHOW server_version", prepare=True).fetchone()[0].endswith("(Fern)")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="lane must be online or batch"):
+        pg.execute("SELECT embed(%s, '', %s)", ["x", "lane=zzz"])
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"texts\[0\]: empty text"):
+        pg.execute("SELECT embed(%s)", [""])
+    assert_usable(pg)
+
+
+def test_parameter_references_need_the_extended_protocol(pg):
+    error = sqlstate_of(pg, "SELECT embed($1)")
+    assert error.sqlstate == "42601" and "there is no parameter $1" in error.diag.message_primary
     assert_usable(pg)
 
 
@@ -342,6 +362,41 @@ def test_a_nul_inside_a_query_message_is_refused_and_the_session_goes_on(sidecar
         assert [read_message(s)[0] for _ in range(4)] == [b"T", b"D", b"C", b"Z"]
         s.sendall(b"X" + struct.pack("!I", 4))
         assert s.recv(1) == b""
+
+
+def frontend(tag: bytes, body: bytes) -> bytes:
+    return tag + struct.pack("!I", len(body) + 4) + body
+
+
+def bind(portal: bytes, statement: bytes, params: list[bytes]) -> bytes:
+    body = portal + b"\0" + statement + b"\0" + struct.pack("!hh", 1, 0)
+    body += struct.pack("!h", len(params)) + b"".join(struct.pack("!i", len(p)) + p for p in params)
+    return frontend(b"B", body + struct.pack("!h", 0))
+
+
+def test_extended_protocol_refusals_skip_to_sync(sidecar):
+    """A NUL inside a parameter and a wrong parameter count are errors; the batch resumes at Sync."""
+    with raw(sidecar) as s:
+        s.sendall(startup_packet({"user": "u"}))
+        scram_login(s, TOKEN)
+        parse = frontend(b"P", b"\0SELECT embed($1)\0" + struct.pack("!h", 0))
+        execute = frontend(b"E", b"\0" + struct.pack("!i", 0))
+        sync = frontend(b"S", b"")
+        s.sendall(parse + bind(b"", b"", [b"a\0b"]) + execute + sync)
+        assert read_message(s)[0] == b"1"                       # ParseComplete
+        tag, body = read_message(s)
+        assert tag == b"E" and fields(body)["C"] == "22021"      # the Execute is skipped
+        assert read_message(s)[0] == b"Z"
+        s.sendall(bind(b"", b"", [b"one", b"two"]) + execute + sync)
+        tag, body = read_message(s)
+        assert tag == b"E" and fields(body)["C"] == "08P01"
+        assert read_message(s)[0] == b"Z"
+        s.sendall(bind(b"", b"", ["ok: é".encode()]) + execute + sync)
+        assert [read_message(s)[0] for _ in range(4)] == [b"2", b"D", b"C", b"Z"]
+        s.sendall(frontend(b"E", b"nope\0" + struct.pack("!i", 0)) + sync)
+        tag, body = read_message(s)
+        assert tag == b"E" and fields(body)["C"] == "34000"
+        assert read_message(s)[0] == b"Z"
 
 
 def scram_login(s: socket.socket, password: str) -> None:

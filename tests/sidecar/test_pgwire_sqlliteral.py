@@ -7,7 +7,7 @@ tests/adapters/postgres/test_embed_function_literals.py; these tests pin the gra
 import pytest
 
 from sidecar.sqlliteral import (EmbedCall, EmbedOptions, EmptyQuery, SetCommand, ShowCommand,
-                                SqlError, parse, parse_options)
+                                SqlError, count_params, parse, parse_options)
 
 
 def text_of(sql: str, **kw) -> str | None:
@@ -163,3 +163,15 @@ def test_bad_options_name_the_option(text, message):
 def test_options_defaults_and_values():
     assert parse_options("") == EmbedOptions()
     assert parse_options(" LANE = Batch , prompt= ") == EmbedOptions(lane="batch", prompt=None)
+
+
+def test_parameters_take_bound_values():
+    call = parse("SELECT * FROM embed_many(ARRAY[$1, $2, $1], $3, $4)",
+                 params=["a'b", None, "m", "lane=batch"])
+    assert call == EmbedCall(("a'b", None, "a'b"), True, "m", EmbedOptions(lane="batch"))
+    assert count_params("SELECT embed($2, $1)") == 2
+    assert count_params("SELECT embed('no parameters')") == 0
+    assert refused("SELECT embed($1)").sqlstate == "42601"          # simple protocol: no values
+    assert refused("SELECT embed($0)", params=["x"]).sqlstate == "42601"
+    with pytest.raises(SqlError):
+        count_params("SELECT embed($1) junk")
