@@ -51,6 +51,11 @@ class BertEncoder(nn.Module):
         super().__init__()
         cfg = spec.config
         hidden = cfg["hidden_size"]
+        if cfg.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(
+                f"{spec.path}: position_embedding_type {cfg['position_embedding_type']!r} is not supported "
+                "(only 'absolute')"
+            )
         self.word_embeddings = nn.Embedding(cfg["vocab_size"], hidden)
         # Position rows from position_offset on, with the token-type-0 vector already added.
         self.position_embeddings = nn.Embedding(cfg["max_position_embeddings"] - spec.position_offset, hidden)
