@@ -62,7 +62,7 @@ class ModelSpec:
     max_tokens: int  # longest input in tokens, special tokens included
     pooling: str  # "mean" | "cls" | "last"
     normalize: bool
-    prompts: dict[str, str]
+    prompts: dict[str, str] = field(hash=False)
     default_prompt_name: str | None
     matryoshka_dimensions: tuple[int, ...]  # () = none declared; any 1..dimensions works
     vocab_size: int

@@ -4,9 +4,11 @@ It runs on any device and is the reference the fused CUDA backends are held to. 
 the slot boundaries on the host (``meta.cu_seqlens_cpu`` when given, otherwise one copy
 of ``cu_seqlens``), so it is not CUDA-graph capturable; use it on CPU or for checks.
 
-Grouped-query attention: K/V are passed to SDPA un-expanded with ``enable_gqa=True``,
-so Fern makes no copy of them. Whether torch then expands them internally depends on
-the SDPA kernel it picks (the CPU math kernel does repeat K/V; the flash kernels do not).
+Grouped-query attention: K/V are passed to SDPA un-expanded with ``enable_gqa=True``.
+On CPU (4-D float inputs, no mask) torch 2.13 picks its flash kernel, which reads the
+grouped K/V heads in place: no repeat_interleave shows up in the profiler. Only the
+per-sequence [H, L, D] transposes are copied. Were torch to fall back to its math kernel,
+that kernel would expand K/V internally.
 """
 
 from __future__ import annotations

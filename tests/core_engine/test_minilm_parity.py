@@ -64,6 +64,8 @@ def test_spec_reads_sentence_transformers_files(spec: ModelSpec) -> None:
     assert spec.max_tokens == 256  # sentence_bert_config.json, not tokenizer.json's 128
     assert spec.normalize and not spec.causal and spec.position_offset == 0
     assert spec.vocab_size == 30522 and spec.tokenizer_path.name == "tokenizer.json"
+    # Usable as a dict key (registries keep one engine per spec).
+    assert {spec: 1}[load_spec(default_model_dir())] == 1
 
 
 def test_texts_reach_past_the_limit(token_ids: list[list[int]], spec: ModelSpec) -> None:
