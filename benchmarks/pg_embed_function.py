@@ -72,7 +72,7 @@ def run(calls: int, device: str, log_dir: Path) -> dict[str, object]:
                 psycopg.connect(pg.dsn, autocommit=True) as db, \
                 psycopg.connect(f"host=127.0.0.1 port={pg_port} user=fern dbname=fern "
                                 f"password={TOKEN}", autocommit=True,
-                                prepare_threshold=None) as endpoint:  # simple protocol only
+                                prepare_threshold=None) as endpoint:  # simple protocol, as dblink
             embed_function.install(db, endpoint=f"127.0.0.1:{pg_port}", password=TOKEN)
             literal = "'" + TEXT.replace("'", "''") + "'"
             cases = {

@@ -115,28 +115,35 @@ def test_options_and_model_arguments(conn, grpc_client):
         conn.execute("SELECT fern.embed('')")
 
 
-def test_order_by_distance_to_fern_embed_matches_the_clients_vector(conn, grpc_client):
-    """`ORDER BY emb <=> fern.embed($1) LIMIT 10` returns the rows the gRPC vector returns, via HNSW."""
+def test_order_by_fern_embed_returns_the_rows_of_python_search(conn, db, grpc_client):
+    """`ORDER BY emb <=> fern.embed($1) LIMIT 10` (via HNSW) = the adapter's `search(..., hybrid=False)`."""
+    from adapters.postgres.search import search
+    from adapters.postgres.vectorizer import create_vectorizer
+    from adapters.postgres.worker import Worker, WorkerConfig
+
     topics = ["databases", "gardening", "astronomy", "cooking", "music", "football", "law",
               "medicine", "poetry", "trains"]
     texts = [f"A note about {topics[i % 10]}, number {i}, with detail {i * 7 % 13}" for i in range(200)]
-    vectors = grpc_client.embed(texts, lane="batch").vectors
-    conn.execute("CREATE TABLE notes (id int PRIMARY KEY, body text, emb vector(384))")
+    conn.execute("CREATE TABLE notes (id int PRIMARY KEY, body text)")
     with conn.cursor() as cur:
-        cur.executemany("INSERT INTO notes VALUES (%s, %s, %s::vector)",
-                        [(i, t, pgvector_text(v)) for i, (t, v) in enumerate(zip(texts, vectors))])
-    conn.execute("CREATE INDEX ON notes USING hnsw (emb vector_cosine_ops)")
+        cur.executemany("INSERT INTO notes VALUES (%s, %s)", list(enumerate(texts)))
+    create_vectorizer(conn, "notes", ["body"], client=grpc_client)
+    worker = Worker(WorkerConfig(dsn=db), client=grpc_client)
+    worker.run(until_empty=True, timeout=120)
+    assert conn.execute("SELECT count(embedding) FROM notes").fetchone()[0] == 200
+
     query = "stars, planets and telescopes"
-    qvec = pgvector_text(grpc_client.embed([query]).vectors[0])
+    want = [hit.row["id"] for hit in search(conn, "notes", query, 10, hybrid=False,
+                                            client=grpc_client)]
+    sql_query = ("SELECT id FROM notes ORDER BY embedding <=> fern.embed(%s, '', 'prompt=query') "
+                 "LIMIT 10")
     with conn.transaction():
         conn.execute("SET LOCAL enable_seqscan = off")
-        plan = "\n".join(r[0] for r in conn.execute(
-            "EXPLAIN SELECT id FROM notes ORDER BY emb <=> fern.embed(%s) LIMIT 10", [query]))
-        got = [r[0] for r in conn.execute(
-            "SELECT id FROM notes ORDER BY emb <=> fern.embed(%s) LIMIT 10", [query])]
-        want = [r[0] for r in conn.execute(
-            "SELECT id FROM notes ORDER BY emb <=> %s::vector LIMIT 10", [qvec])]
-    assert "Index Scan using notes_emb_idx" in plan
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql_query, [query]))
+        got = [r[0] for r in conn.execute(sql_query, [query])]
+    (hnsw,), = conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'notes' "
+                            "AND indexdef LIKE '%USING hnsw%'").fetchall()
+    assert f"Index Scan using {hnsw} on notes" in plan        # fern.embed folded to a constant
     assert got == want
     assert {i % 10 for i in got} == {topics.index("astronomy")}
 
