@@ -78,6 +78,35 @@ class ModelSpec:
     config: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
+_FERN_KEYS: dict[str, type | tuple[type, ...]] = {
+    "name": str,
+    "causal": bool,
+    "pooling": str,
+    "normalize": bool,
+    "native_int8": bool,
+    "max_tokens": int,
+    "matryoshka_dimensions": list,
+    "distance": str,
+    "append_eos": bool,
+}
+
+
+def _read_fern_json(path: Path) -> dict[str, Any]:
+    """fern.json's overrides, each key known and of the right JSON type (a typo must not pass)."""
+    overrides = _optional_json(path)
+    if overrides is None:
+        return {}
+    if not isinstance(overrides, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    for key, value in overrides.items():
+        if key not in _FERN_KEYS:
+            raise ValueError(f"{path}: unknown key {key!r}; known keys are {sorted(_FERN_KEYS)}")
+        kind = _FERN_KEYS[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ValueError(f"{path}: {key} must be a JSON {kind.__name__}, got {value!r}")
+    return overrides
+
+
 def _read_json(path: Path) -> Any:
     try:
         with path.open(encoding="utf-8") as f:
@@ -178,7 +207,7 @@ def load_spec(model_dir: str | Path, name: str | None = None) -> ModelSpec:
     if not config_path.is_file():
         raise FileNotFoundError(f"model directory {str(path)!r} has no config.json")
     config = _read_json(config_path)
-    overrides = _optional_json(path / "fern.json") or {}
+    overrides = _read_fern_json(path / "fern.json")
     modules = _optional_json(path / "modules.json")
     st_config = _optional_json(path / "config_sentence_transformers.json") or {}
     sbert = _optional_json(path / "sentence_bert_config.json") or {}

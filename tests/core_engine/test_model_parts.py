@@ -224,6 +224,9 @@ def test_spec_reads_bidirectional_flags_and_xlmr_limits(tmp_path: Path) -> None:
         ({**QWEN3}, {"sentence_bert_config.json": {"max_seq_length": 40000}}, "max_tokens 40000"),
         ({**QWEN3}, {"1_Pooling__config.json": {"pooling_mode_max_tokens": True}}, "unsupported pooling"),
         ({**QWEN3}, {"fern.json": {"pooling": "max"}}, "pooling 'max'"),
+        ({**QWEN3}, {"fern.json": {"casual": False}}, "unknown key 'casual'"),
+        ({**QWEN3}, {"fern.json": {"causal": "false"}}, "causal must be a JSON bool"),
+        ({**QWEN3}, {"fern.json": {"max_tokens": True}}, "max_tokens must be a JSON int"),
     ],
 )
 def test_spec_errors_name_the_file_and_value(tmp_path: Path, config: dict, files: dict, match: str) -> None:
