@@ -1,4 +1,4 @@
-"""Fused projections: one matmul for Q, K and V (and for gate and up), split into views after."""
+"""Fused projections: one matmul for Q, K and V, split into per-head views after; weight stacking helper."""
 
 from __future__ import annotations
 
