@@ -352,12 +352,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------------- embed / models
 
-def _result_json(e) -> dict:
-    """An Embeddings (client) as JSON-ready data."""
-    out = {"model": e.model, "dimensions": e.dimensions, "encoding": e.encoding,
-           "token_counts": [int(c) for c in e.token_counts], "vectors": e.vectors.tolist()}
-    if e.sparse is not None:
-        out["sparse"] = [{"indices": s.indices.tolist(), "values": s.values.tolist()} for s in e.sparse]
+def _embeddings_json(model: str, dimensions: int, encoding: str, token_counts, vectors,
+                     sparse: list | None) -> dict:
+    """What `fern embed` prints; `sparse` is a list of (indices, values) array pairs."""
+    out = {"model": model, "dimensions": int(dimensions), "encoding": encoding,
+           "token_counts": [int(c) for c in token_counts], "vectors": vectors.tolist()}
+    if sparse is not None:
+        out["sparse"] = [{"indices": i.tolist(), "values": v.tolist()} for i, v in sparse]
     return out
 
 
@@ -378,11 +379,8 @@ def _local_embed(args: argparse.Namespace) -> dict:
         finally:
             await registry.drain()
             registry.close()
-        out = {"model": r.model, "dimensions": r.dimensions, "encoding": r.encoding,
-               "token_counts": list(r.token_counts), "vectors": r.vectors.tolist()}
-        if r.sparse is not None:
-            out["sparse"] = [{"indices": i.tolist(), "values": v.tolist()} for i, v in r.sparse]
-        return out
+        return _embeddings_json(r.model, r.dimensions, r.encoding, r.token_counts, r.vectors,
+                                r.sparse)
 
     return asyncio.run(run())
 
@@ -396,10 +394,13 @@ def cmd_embed(args: argparse.Namespace) -> int:
             out = _local_embed(args)
         else:
             with FernClient(args.target, token=args.token, timeout=args.timeout) as client:
-                out = _result_json(client.embed(
+                e = client.embed(
                     args.texts, model=args.model_name, lane=args.lane, prompt=args.prompt,
                     normalize=args.normalize, truncate=not args.no_truncate,
-                    dimensions=args.dimensions, encoding=args.encoding, sparse=args.sparse))
+                    dimensions=args.dimensions, encoding=args.encoding, sparse=args.sparse)
+                sparse = None if e.sparse is None else [(s.indices, s.values) for s in e.sparse]
+                out = _embeddings_json(e.model, e.dimensions, e.encoding, e.token_counts,
+                                       e.vectors, sparse)
     except (FernError, EmbedError) as error:
         print(f"fern embed: {error.code.name}: {error.message}", file=sys.stderr)
         return 1
