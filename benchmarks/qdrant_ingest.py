@@ -26,6 +26,7 @@ import platform
 import random
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -158,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default=None, help="use a running sidecar at HOST:PORT")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/qdrant_ingest_cpu.json"))
     args = parser.parse_args(argv)
+    # SIGTERM (e.g. from `timeout`) unwinds through the finally below, which stops the sidecar.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     from importlib.metadata import version
 

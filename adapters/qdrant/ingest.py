@@ -187,7 +187,10 @@ def ingest(client: QdrantClient, fern: FernClient, collection: str, records: Ite
             chunk = reader.take(result.request_id)
             if result.error is not None:
                 raise stopped(_record_error(result.error, chunk))
-            client.upsert(collection, _batch(chunk, result.embeddings, layout), wait=wait)
+            try:
+                client.upsert(collection, _batch(chunk, result.embeddings, layout), wait=wait)
+            except Exception as err:  # any Qdrant failure: re-raised with how far ingest got
+                raise stopped(f"upsert into Qdrant failed: {err}") from err
             rows += len(chunk.record_ids)
             requests += 1
             reader.release()

@@ -187,3 +187,24 @@ def test_progress_line_and_payload_from_dataclasses(fern, collection_name):
     quiet = io.StringIO()
     Progress("x", stream=quiet).update(5)  # StringIO is not a terminal: nothing is drawn
     assert quiet.getvalue() == ""
+
+
+def test_qdrant_failure_mid_ingest_reports_progress(fern, collection_name, monkeypatch):
+    client = FernQdrantClient(":memory:", fern=fern)
+    client.setup_collection(collection_name)
+    real_upsert = QdrantClient.upsert
+    calls = [0]
+
+    def failing_third_upsert(self, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise ConnectionError("qdrant went away")
+        return real_upsert(self, *args, **kwargs)
+
+    monkeypatch.setattr(QdrantClient, "upsert", failing_third_upsert)
+    with pytest.raises(IngestError, match="after 20 rows upserted.*upsert into Qdrant failed: "
+                                          "qdrant went away") as info:
+        client.ingest(collection_name, articles(50), text="body", id="key", batch_size=10,
+                      progress=False)
+    assert info.value.rows_upserted == 20 == client.count(collection_name).count
+    client.close()
