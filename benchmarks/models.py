@@ -37,6 +37,12 @@ ARCHS: dict[str, Arch] = {
         vocab_size=250002, max_position_embeddings=8194, pad_token_id=1, bos_token_id=0,
         eos_token_id=2, type_vocab_size=1, layer_norm_eps=1e-5, hidden_act="gelu"),
         pooling="cls", normalize=True, max_seq_length=8192),
+    # all-MiniLM-L6-v2's shape, for machines where the bundled package cannot be installed.
+    "minilm": Arch("bert", dict(
+        hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536,
+        vocab_size=30522, max_position_embeddings=512, type_vocab_size=2, layer_norm_eps=1e-12,
+        hidden_act="gelu", pad_token_id=0),
+        pooling="mean", normalize=True, max_seq_length=256),
     "bge-base": Arch("bert", dict(
         hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
         vocab_size=30522, max_position_embeddings=512, type_vocab_size=2, layer_norm_eps=1e-12,
@@ -74,6 +80,17 @@ TINY: dict[str, Arch] = {
 }
 
 _MODEL_TYPES = {"bert": "bert", "xlm-roberta": "xlm-roberta", "qwen3": "qwen3"}
+
+
+def tokenizer_dir() -> Path:
+    """Where the BERT WordPiece tokenizer files come from: $FERN_TOKENIZER_DIR, else the bundled MiniLM."""
+    import os
+
+    if os.environ.get("FERN_TOKENIZER_DIR"):
+        return Path(os.environ["FERN_TOKENIZER_DIR"])
+    from core_engine.loader import default_model_dir
+
+    return default_model_dir()
 
 
 def transformers_model(arch: Arch) -> torch.nn.Module:
@@ -116,9 +133,7 @@ def build_random_model(arch: Arch | str, out_dir: str | Path, *, seed: int = 0,
     save_file(state, str(out / "model.safetensors"))
     del model, state
     if tokenizer_from is None:
-        from core_engine.loader import default_model_dir
-
-        tokenizer_from = default_model_dir()
+        tokenizer_from = tokenizer_dir()
     shutil.copy(Path(tokenizer_from) / "tokenizer.json", out / "tokenizer.json")
     for name in ("tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         if (Path(tokenizer_from) / name).is_file():

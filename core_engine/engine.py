@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +123,7 @@ class Engine:
         buckets: BucketConfig | None = None,
         prewarm: Sequence[tuple[int, int]] = (),
         pad_to_buckets: bool | None = None,
+        compile: bool | None = None,
     ) -> None:
         started = time.perf_counter()
         self.spec: ModelSpec = load_spec(model_dir if model_dir is not None else default_model_dir(), name)
@@ -135,6 +137,17 @@ class Engine:
         self.model = build_model(self.spec, self.device, self.dtype, self.attention)
         self.model.eval()
         self._cuda = self.device.type == "cuda"
+        # torch.compile fuses the elementwise work between matmuls (norms, rotary, activations,
+        # residuals); attention stays outside the compiled regions (a graph break per layer),
+        # so every backend works unchanged. The compiled code is then recorded into the same
+        # CUDA graphs. Default: on for CUDA, off for the CPU (FERN_COMPILE=0/1 overrides).
+        if compile is None:
+            env = os.environ.get("FERN_COMPILE")
+            compile = self._cuda if env is None else env not in ("0", "false", "no", "")
+        self.compiled = bool(compile)
+        self.compile_seconds = 0.0
+        self._forward_model = torch.compile(self.model, dynamic=True, backend=os.environ.get(
+            "FERN_COMPILE_BACKEND", "inductor")) if self.compiled else self.model
         # Bucket padding exists for CUDA graphs; on the CPU it only costs time, but it can be
         # switched on there to exercise the same packing.
         self.pad_to_buckets = self._cuda if pad_to_buckets is None else pad_to_buckets
@@ -147,6 +160,14 @@ class Engine:
             most = self.buckets.tokens(max_step_tokens)
             self._static = torch.zeros(3 * most + 2 * self.buckets.slots(max_step_tokens) + 1,
                                        dtype=torch.int64, device=self.device)
+            if self.compiled:
+                try:
+                    self._compile_warmup()
+                except Exception as exc:  # noqa: BLE001 - any compiler failure: serve uncompiled
+                    log.warning("torch.compile failed for %s (%s: %s); running uncompiled",
+                                self.spec.name, type(exc).__name__, exc)
+                    self.compiled = False
+                    self._forward_model = self.model
             self.attention.choose(self)  # measured choice when attention="auto"; no-op when forced
         for length, count in prewarm:
             self.warmup(length, count)
@@ -204,7 +225,7 @@ class Engine:
             causal=self.spec.causal,
             cu_seqlens_cpu=cu_cpu,
         )
-        return self.model(buf[:t], buf[t: 2 * t], meta)
+        return self._forward_model(buf[:t], buf[t: 2 * t], meta)
 
     @torch.inference_mode()
     def step(self, batch: PreparedBatch) -> EmbeddingHandle:
@@ -242,6 +263,24 @@ class Engine:
         batch = self.prepare(seqs)
         for _ in range(self.policy.eager_hits + 1):
             self.step(batch).result()
+
+    def _compile_warmup(self) -> None:
+        """Compile before serving: two eager passes of different shapes settle the dynamic-shape code."""
+        started = time.perf_counter()
+        longest = min(self.spec.max_tokens, 256)
+        for seqs in ([[0] * 8], [[0] * longest] * 3):
+            batch = self.prepare(seqs)
+            with torch.inference_mode(), torch.cuda.device(self.device):
+                for name in self.attention.candidates:
+                    self.attention.choices = {"small": name, "large": name}
+                    self.attention.activate(batch.key)
+                    self.attention.plan(batch.key, batch.cu_seqlens_cpu, for_graph=False)
+                    self._forward_on(batch.packed.to(self.device), batch.key, batch.cu_seqlens_cpu)
+        first = next(iter(self.attention.candidates)) if not self.attention.forced else self.attention.forced
+        self.attention.choices = {"small": first, "large": first}
+        torch.cuda.synchronize(self.device)
+        self.compile_seconds = time.perf_counter() - started
+        log.info("compiled %s in %.1f s", self.spec.name, self.compile_seconds)
 
     @property
     def counters(self) -> GraphCounters:

@@ -95,8 +95,11 @@ class AttentionSelector:
     def name(self) -> str:
         return self._active.name
 
+    @torch.compiler.disable
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  meta: AttentionMetadata) -> torch.Tensor:
+        # Never traced by torch.compile: the kernels (and FlashInfer's host-side state) run as
+        # they are, between the compiled regions of each layer.
         return self._active(q, k, v, meta)
 
     def activate(self, key: GraphKey, captured: str | None = None) -> str:
@@ -118,8 +121,11 @@ class AttentionSelector:
             if release is not None:
                 release(key)
 
-    def choose(self, engine: "Engine", repeats: int = 20) -> None:
-        """Time each candidate on a small and a large step of this model; keep the fastest per class."""
+    def choose(self, engine: "Engine", repeats: int = 30) -> None:
+        """Time each candidate on a small and a large step of this model; keep the fastest per class.
+
+        Each candidate is timed as it will serve: host plan + replay of a CUDA graph of the step.
+        """
         if self.forced or len(self.candidates) == 1:
             return
         longest = min(engine.spec.max_tokens, 512)
@@ -131,7 +137,7 @@ class AttentionSelector:
             for name in self.candidates:
                 self.choices[cls] = name
                 try:
-                    times[name] = _time_steps(engine, batch, repeats)
+                    times[name] = _time_graph(engine, batch, repeats)
                 except RuntimeError as exc:
                     log.warning("attention backend %s failed on %s (%s); not used", name, engine.spec.name, exc)
             if not times:
@@ -141,21 +147,29 @@ class AttentionSelector:
         log.info("attention for %s: %s (measured ms/step %s)", engine.spec.name, self.choices, self.measurements)
 
 
-def _time_steps(engine: "Engine", batch: Any, repeats: int) -> float:
-    """Median eager milliseconds per step (graph policy bypassed; the policy's counters untouched)."""
-    with torch.inference_mode():
-        key = batch.key
+def _time_graph(engine: "Engine", batch: Any, repeats: int) -> float:
+    """Median milliseconds of one step as served: host plan + CUDA graph replay (policy untouched)."""
+    attention = engine.attention
+    key = batch.key
+    with torch.inference_mode(), torch.cuda.device(engine.device):
         buf = batch.packed.to(engine.device)
+        attention.activate(key)
+        attention.plan(key, batch.cu_seqlens_cpu, for_graph=True)
+        engine._forward_on(buf, key, batch.cu_seqlens_cpu)  # warm: JIT, compile, workspaces
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            engine._forward_on(buf, key, batch.cu_seqlens_cpu)
         times = []
         for i in range(repeats + 3):
-            engine.attention.activate(key)
-            engine.attention.plan(key, batch.cu_seqlens_cpu, for_graph=False)
             torch.cuda.synchronize(engine.device)
             start = time.perf_counter()
-            engine._forward_on(buf, key, batch.cu_seqlens_cpu)
+            attention.plan(key, batch.cu_seqlens_cpu, for_graph=True)
+            graph.replay()
             torch.cuda.synchronize(engine.device)
             if i >= 3:
                 times.append((time.perf_counter() - start) * 1e3)
+        del graph
+        attention.release(key)
     times.sort()
     return times[len(times) // 2]
 
