@@ -17,7 +17,6 @@ the claims and retry with exponential backoff; inputs the sidecar rejects
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import sys
@@ -67,10 +66,8 @@ class _Item:
     key: list
     text: str
     present: bool
-
-    @property
-    def text_hash(self) -> str:
-        return hashlib.md5(self.text.encode("utf-8")).hexdigest()
+    # md5 of the text, computed by PostgreSQL (in the database's encoding) when claimed.
+    text_hash: str
 
 
 @dataclass
@@ -222,7 +219,11 @@ class Worker:
             if vid in vectorizers:
                 done += self._process(vectorizers[vid])
         for v in vectorizers.values():
-            if v.replaces is not None and not self._stopping.is_set():
+            if v.replaces is None or self._stopping.is_set():
+                continue
+            busy = self._write_conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM fern.queue WHERE vectorizer_id = %s)", (v.id,))
+            if not busy.fetchone()[0]:
                 if swap_if_ready(self._write_conn, v):
                     log.info("model change of %s.%s to %s swapped in", v.qualified_table,
                              v.target_column, v.model)
@@ -313,7 +314,7 @@ class Worker:
                 UPDATE fern.queue q SET claimed_by = pg_backend_pid(), claimed_at = now(),
                        attempts = q.attempts + 1
                   FROM c WHERE q.id = c.id RETURNING q.id, q.row_key)
-            SELECT u.id, u.row_key, t.ctid IS NOT NULL, {text}
+            SELECT u.id, u.row_key, t.ctid IS NOT NULL, {text}, md5({text})
               FROM u LEFT JOIN {table} t ON {match} ORDER BY u.id""").format(
             text=v.text_sql("t"), table=v.table, match=v.key_match_sql("t", sql.SQL("u.row_key")))
         with self._claim_lock:
@@ -321,12 +322,12 @@ class Worker:
         if not rows:
             return None
         by_key: dict[str, _Item] = {}
-        for qid, key, present, text in rows:
+        for qid, key, present, text, text_hash in rows:
             k = json.dumps(key, sort_keys=True)
             if k in by_key:
                 by_key[k].queue_ids.append(qid)
             else:
-                by_key[k] = _Item([qid], key, text or "", bool(present))
+                by_key[k] = _Item([qid], key, text or "", bool(present), text_hash)
         if self.stats.record_claims:
             self.stats.claimed_ids.extend(r[0] for r in rows)
         batch = _Batch(v, list(by_key.values()))

@@ -39,7 +39,8 @@ def test_cli_vectorize_worker_status(pg_db, pg_target, fern):
     assert "40 row(s) queued" in out.stdout
     st = json.loads(fern_pg("status", "--dsn", pg_db, "--json").stdout)
     assert [(s["pending"], s["in_flight"], s["failed"]) for s in st] == [(40, 0, 0)]
-    fern_pg("worker", "--dsn", pg_db, "--target", pg_target, "--once")
+    worker = fern_pg("worker", "--dsn", pg_db, "--target", pg_target, "--once", "--progress", "on")
+    assert "rows/s" in worker.stderr and "40 rows" in worker.stderr
     st = json.loads(fern_pg("status", "--dsn", pg_db, "--json").stdout)
     assert [(s["pending"], s["in_flight"], s["failed"]) for s in st] == [(0, 0, 0)]
     with psycopg.connect(pg_db) as conn:
