@@ -174,8 +174,7 @@ def test_worker_killed_mid_batch_loses_nothing_and_writes_nothing_wrong(conn, fe
     try:
         wait_for(lambda: conn.execute("SELECT count(embedding) FROM items").fetchone()[0] >= 200,
                  120, "the worker to make progress")
-        (st,) = status(conn)
-        assert st.in_flight > 0
+        wait_for(lambda: status(conn)[0].in_flight > 0, 30, "rows in flight to kill it on")
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
     finally:
