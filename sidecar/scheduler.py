@@ -74,12 +74,14 @@ class SchedulerConfig:
 
     Defaults are for a GPU with a small encoder (MiniLM-class). Throughput per token is
     flat above about 512 tokens a step, so budgets are set for latency, not throughput:
-    a BATCH step of 8,192 tokens runs in about 1 ms on an H200 (8.3 M tokens/s packed),
-    which bounds how long an arriving online request waits for the step in flight; and
-    a step that carries ONLINE work is capped at 2,048 tokens (online first, then batch
-    fill) so the query's own step is short too. `for_device("cpu")` scales both down:
-    on this project's 2-core CI machine MiniLM runs ~4,300 tokens/s, flat from 512
-    tokens a step (512: 119 ms, 1,024: 238 ms, 128: 35 ms, one torch thread).
+    a BATCH step of 8,192 tokens takes about 1 ms on an H200, which bounds how long an
+    arriving query waits for the step in flight, and a step that carries ONLINE work is
+    capped at 2,048 tokens (online first, then batch fill) so the query's own step is
+    short too. Measured with these defaults on an H200 (benchmarks/mixed_lanes.py,
+    results/mixed_lanes-nvidia-h200.json): batch alone 7.7 M tokens/s; with 200 queries/s
+    on top, online p99 2.6 ms and batch 96 % of its solo rate. `for_device("cpu")` scales
+    the budgets down: on this project's 2-core CI machine MiniLM runs ~4,300 tokens/s,
+    flat from 512 tokens a step (512: 119 ms, 1,024: 238 ms, 128: 35 ms, one thread).
     """
 
     max_step_tokens: int = 8192  # budget of a step (pure BATCH, or ONLINE alone)
