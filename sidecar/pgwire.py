@@ -25,6 +25,7 @@ import hmac
 import logging
 import secrets
 import struct
+import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -300,6 +301,7 @@ class _Session:
     writer: asyncio.StreamWriter
     task: asyncio.Task | None = None     # the query being answered, for CancelRequest
     cancelled: bool = False
+    timeout_ms: int = 0                  # SET statement_timeout: a deadline for each query
     statements: dict[str, "_Prepared"] = field(default_factory=dict)   # extended protocol
     portals: dict[str, "_Portal"] = field(default_factory=dict)
 
@@ -670,6 +672,9 @@ class PgWireServer:
         if name == "application_name":
             session.settings["application_name"] = stmt.value or ""
             return tag + parameter_status("application_name", stmt.value or "")
+        if name == "statement_timeout":
+            session.timeout_ms = _milliseconds(stmt.value or "0")
+            return tag
         if name in _ACCEPTED_SETTINGS:
             return tag  # what drivers set on connect; nothing here depends on them
         raise SqlError(sqlliteral.UNDEFINED_OBJECT, f'unrecognized configuration parameter "{stmt.name}"')
@@ -684,7 +689,9 @@ class PgWireServer:
     async def _embed_in_task(self, session: _Session, call: EmbedCall) -> list[list[str | None]]:
         """Run the embedding as a task a CancelRequest (or stop()) can interrupt."""
         session.cancelled = False
-        session.task = asyncio.ensure_future(self._embed(call))
+        timeouts = [t for t in (call.options.timeout_ms, session.timeout_ms) if t > 0]
+        deadline = time.monotonic() + min(timeouts) / 1000 if timeouts else None
+        session.task = asyncio.ensure_future(self._embed(call, deadline))
         try:
             await asyncio.wait([session.task])
         except asyncio.CancelledError:
@@ -697,7 +704,7 @@ class PgWireServer:
             raise SqlError(QUERY_CANCELED, reason)
         return task.result()
 
-    async def _embed(self, call: EmbedCall) -> list[list[str | None]]:
+    async def _embed(self, call: EmbedCall, deadline: float | None) -> list[list[str | None]]:
         """Rows of pgvector text: [vector] for embed(), [ord, vector] per text for embed_many()."""
         present = [i for i, t in enumerate(call.texts) if t is not None]
         vectors: list[str | None] = [None] * len(call.texts)
@@ -707,7 +714,8 @@ class PgWireServer:
                 texts=[call.texts[i] for i in present], model=call.model,
                 lane=Lane.BATCH if opts.lane == "batch" else Lane.ONLINE,
                 prompt_name=opts.prompt or "", normalize=opts.normalize,
-                truncate=opts.truncate, dimensions=opts.dimensions, encoding="float32")
+                truncate=opts.truncate, dimensions=opts.dimensions, encoding="float32",
+                deadline=deadline)
             try:
                 result = await self.gateway.embed(params)
             except EmbedError as exc:
@@ -774,7 +782,19 @@ _EXTENDED = {b"P": "_parse", b"B": "_bind", b"D": "_describe", b"E": "_execute",
              b"H": "_flush"}
 # Settings drivers send on connect that change nothing here; SET accepts and ignores them.
 _ACCEPTED_SETTINGS = ("extra_float_digits", "datestyle", "timezone", "intervalstyle",
-                      "statement_timeout", "search_path")
+                      "search_path")
+_UNIT_MS = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _milliseconds(value: str) -> int:
+    """statement_timeout's value: '500', '500ms', '5s', '1min', '1h', '1d' -> milliseconds."""
+    text = value.strip().lower()
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz").strip()
+    unit = text[len(number):].strip() or "ms"
+    if not number.isdigit() or unit not in _UNIT_MS:
+        raise SqlError("22023", f'invalid value for parameter "statement_timeout": "{value}"',
+                       hint='Valid units are "ms", "s", "min", "h", and "d".')
+    return int(number) * _UNIT_MS[unit]
 
 
 def _message_string(body: bytes) -> str:

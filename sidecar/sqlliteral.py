@@ -16,7 +16,8 @@ Every <text>, <model> and <options> is a SQL string constant, NULL, or (extended
 protocol) a parameter $n bound as text. String constants are parsed exactly as
 PostgreSQL's lexer does ('' doubling, E'' escapes, U&'' escapes with UESCAPE, dollar quoting,
 continuation across newlines, standard_conforming_strings). <options> is a string such as
-'lane=batch,dimensions=256,prompt=query,normalize=false,truncate=false'. Anything else is
+'lane=batch,dimensions=256,prompt=query,normalize=false,truncate=false,timeout_ms=500'.
+Anything else is
 rejected with a `SqlError` carrying the SQLSTATE a PostgreSQL server would use.
 """
 from __future__ import annotations
@@ -60,6 +61,7 @@ class EmbedOptions:
     prompt: str | None = None         # a prompt name the model defines ("query", "passage", ...)
     normalize: bool | None = None     # None = the model's default
     truncate: bool = True             # False = over-length text is an error
+    timeout_ms: int = 0               # 0 = none; else queued work is dropped after this long
 
 
 @dataclass(frozen=True)
@@ -645,7 +647,7 @@ _FALSE = {"false", "off", "no", "0", "f", "n"}
 
 
 def parse_options(text: str, position: int | None = None) -> EmbedOptions:
-    """'lane=batch, dimensions=256, prompt=query, normalize=false, truncate=false' -> EmbedOptions."""
+    """'lane=batch, dimensions=256, prompt=query, normalize=false, truncate=false, timeout_ms=500'."""
     values: dict[str, object] = {}
     for item in text.split(","):
         item = item.strip()
@@ -663,10 +665,10 @@ def parse_options(text: str, position: int | None = None) -> EmbedOptions:
                 raise SqlError(INVALID_PARAMETER_VALUE,
                                f'options: lane must be online or batch, not "{value}"', position)
             values[key] = value.lower()
-        elif key == "dimensions":
+        elif key in ("dimensions", "timeout_ms"):
             if not value.isdigit():
                 raise SqlError(INVALID_PARAMETER_VALUE,
-                               f'options: dimensions must be a non-negative integer, not "{value}"',
+                               f'options: {key} must be a non-negative integer, not "{value}"',
                                position)
             values[key] = int(value)
         elif key == "prompt":
@@ -680,5 +682,5 @@ def parse_options(text: str, position: int | None = None) -> EmbedOptions:
         else:
             raise SqlError(INVALID_PARAMETER_VALUE,
                            f'options: unknown option "{key}" (known: lane, dimensions, prompt, '
-                           "normalize, truncate)", position)
+                           "normalize, truncate, timeout_ms)", position)
     return dataclasses.replace(EmbedOptions(), **values)

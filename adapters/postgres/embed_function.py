@@ -30,7 +30,7 @@ MIGRATION = Migration(1001, "embed_function", resources.files("adapters.postgres
                       .joinpath("migrations", "embed_function", "1001_embed_function.sql")
                       .read_text(encoding="utf-8"))
 FUNCTIONS = ("fern.embed(text, text, text)", "fern.embed_many(text[], text, text)")
-HELPERS = ("fern._sidecar_connect()", "fern._sidecar_query(text)")
+HELPERS = ("fern._sidecar_connect()", "fern._sidecar_query(text)", "fern._with_timeout(text)")
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:

@@ -450,6 +450,24 @@ def test_cancel_request_interrupts_a_long_query(sidecar):
         assert_usable(conn)
 
 
+def test_timeouts_drop_the_work_and_answer_57014(sidecar):
+    """SET statement_timeout (and the timeout_ms option, which fern.embed passes) become deadlines."""
+    texts = ", ".join(f"'document {i}: " + "many words of text " * 60 + "'" for i in range(1500))
+    with psycopg.connect(dsn(sidecar), autocommit=True) as conn:
+        for setup, options in (("SET statement_timeout = '300ms'", ""), ("RESET statement_timeout",
+                                                                          "timeout_ms=300")):
+            conn.execute(setup)
+            started = time.monotonic()
+            with pytest.raises(psycopg.errors.QueryCanceled, match="deadline"):
+                conn.execute(f"SELECT * FROM embed_many(ARRAY[{texts}], '', '{options}')")
+            assert time.monotonic() - started < 30      # ~150 s of CPU work without a deadline
+        assert_usable(conn)
+        error = sqlstate_of(conn, "SET statement_timeout = 'soon'")
+        assert error.sqlstate == "22023"
+        conn.execute("SET statement_timeout = '1min'")
+        assert_usable(conn)
+
+
 def test_concurrent_connections_get_their_own_vectors(sidecar, grpc_client):
     texts = [f"concurrent text number {i}" for i in range(8)]
     want = grpc_client.embed(texts).vectors

@@ -148,6 +148,7 @@ def test_a_megabyte_literal_parses():
 @pytest.mark.parametrize("text, message", [
     ("lane=fast", 'lane must be online or batch, not "fast"'),
     ("dimensions=-1", "dimensions must be a non-negative integer"),
+    ("timeout_ms=1.5", "timeout_ms must be a non-negative integer"),
     ("normalize=maybe", "normalize must be true or false"),
     ("colour=blue", 'unknown option "colour"'),
     ("lane", '"lane" is not key=value'),
@@ -163,6 +164,7 @@ def test_bad_options_name_the_option(text, message):
 def test_options_defaults_and_values():
     assert parse_options("") == EmbedOptions()
     assert parse_options(" LANE = Batch , prompt= ") == EmbedOptions(lane="batch", prompt=None)
+    assert parse_options(",timeout_ms=250") == EmbedOptions(timeout_ms=250)
 
 
 def test_parameters_take_bound_values():

@@ -9,6 +9,7 @@ after a sidecar restart) are shown on the real server.
 from __future__ import annotations
 
 import socket
+import time
 import uuid
 
 import numpy as np
@@ -211,6 +212,18 @@ def test_one_connection_per_session_is_reused(conn):
     conn.execute("SELECT fern.embed(format('row %s', g)) FROM generate_series(1, 20) g")
     assert conn.execute("SELECT v FROM dblink('fern_sidecar', 'SHOW application_name') "
                         "AS r(v text)").fetchone() == ("marker",)
+
+
+def test_statement_timeout_reaches_the_sidecar(conn):
+    """dblink waits for an answer even after statement_timeout fires; the sidecar drops the work."""
+    conn.execute("SET statement_timeout = '500ms'")
+    started = time.monotonic()
+    with pytest.raises(psycopg.errors.QueryCanceled):
+        conn.execute("SELECT count(*) FROM fern.embed_many(array(SELECT format('text %s: %s', g, "
+                     "repeat('many words of text ', 60)) FROM generate_series(1, 1500) g))")
+    assert time.monotonic() - started < 30              # ~150 s of CPU work without the deadline
+    conn.execute("RESET statement_timeout")
+    assert conn.execute("SELECT vector_dims(fern.embed('after the timeout'))").fetchone()[0] == 384
 
 
 def free_port() -> int:

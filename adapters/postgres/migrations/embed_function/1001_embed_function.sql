@@ -73,6 +73,19 @@ END
 $fn$;
 REVOKE ALL ON FUNCTION fern._sidecar_query(text) FROM PUBLIC;
 
+-- The caller's options plus its statement_timeout as timeout_ms: when the timeout fires,
+-- dblink still waits for the answer it asked for, so the sidecar must drop the work by
+-- itself (at most one timeout after the call began).
+CREATE FUNCTION fern._with_timeout(options text) RETURNS text
+LANGUAGE sql STABLE AS $fn$
+    SELECT CASE WHEN s.ms > 0 AND position('timeout_ms' IN lower(coalesce(options, ''))) = 0
+                THEN coalesce(options, '') || ',timeout_ms=' || s.ms
+                ELSE coalesce(options, '') END
+      FROM (SELECT (extract(epoch FROM current_setting('statement_timeout')::interval)
+                    * 1000)::bigint AS ms) AS s
+$fn$;
+REVOKE ALL ON FUNCTION fern._with_timeout(text) FROM PUBLIC;
+
 -- The vector of one text (NULL for NULL). `model` '' is the installed default; `options` as
 -- 'lane=batch,dimensions=256,prompt=query,normalize=false,truncate=false'. IMMUTABLE so that
 -- `ORDER BY emb <=> fern.embed('…')` embeds once per query, and generated columns may use it:
@@ -88,7 +101,7 @@ BEGIN
     END IF;
     SELECT q.v INTO result FROM fern._sidecar_query(format('SELECT * FROM embed_many(ARRAY[%L], %L, %L)', input,
         coalesce(nullif(model, ''), current_setting('fern.default_model', true), ''),
-        coalesce(options, ''))) AS q;
+        fern._with_timeout(options))) AS q;
     RETURN result::vector;
 END
 $fn$;
@@ -106,7 +119,7 @@ BEGIN
     SELECT format('SELECT * FROM embed_many(ARRAY[%s], %L, %L)',
                   string_agg(quote_nullable(u.t), ',' ORDER BY u.n),
                   coalesce(nullif(model, ''), current_setting('fern.default_model', true), ''),
-                  coalesce(options, ''))
+                  fern._with_timeout(options))
       INTO query FROM unnest(inputs) WITH ORDINALITY AS u(t, n);
     RETURN QUERY SELECT q.i, q.v::vector FROM fern._sidecar_query(query) AS q;
 END
