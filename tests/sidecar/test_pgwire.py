@@ -31,9 +31,14 @@ def sidecar_process_class(config: pytest.Config):
     raise RuntimeError("tests/conftest.py's SidecarProcess is not loaded")
 
 
+# The BATCH lane's queue holds BATCH_QUEUE_TOKENS, so one long text there is RESOURCE_EXHAUSTED.
+BATCH_QUEUE_TOKENS = 200
+
+
 @pytest.fixture(scope="module")
 def sidecar(request):
-    with sidecar_process_class(request.config)(["--token", TOKEN, "--pg-port", "0"]) as process:
+    args = ["--token", TOKEN, "--pg-port", "0", "--max-queued-tokens-batch", str(BATCH_QUEUE_TOKENS)]
+    with sidecar_process_class(request.config)(args) as process:
         yield process
 
 
@@ -150,6 +155,13 @@ def test_refusals_carry_sqlstates_and_the_connection_stays_usable(pg, query, sql
     error = sqlstate_of(pg, query)
     assert error.sqlstate == sqlstate
     assert message in error.diag.message_primary
+    assert_usable(pg)
+
+
+def test_a_full_queue_is_53400(pg):
+    long_text = "words " * 250                   # more tokens than the BATCH queue holds
+    error = sqlstate_of(pg, f"SELECT embed('{long_text}', '', 'lane=batch')")
+    assert error.sqlstate == "53400" and "queue" in error.diag.message_primary
     assert_usable(pg)
 
 
@@ -445,7 +457,7 @@ def test_cancel_request_interrupts_a_long_query(sidecar):
         threading.Thread(target=cancel_soon).start()
         started = time.monotonic()
         with pytest.raises(psycopg.errors.QueryCanceled, match="canceling statement due to user request"):
-            conn.execute(f"SELECT * FROM embed_many(ARRAY[{texts}], '', 'lane=batch')")
+            conn.execute(f"SELECT * FROM embed_many(ARRAY[{texts}])")
         assert time.monotonic() - started < 30
         assert_usable(conn)
 
