@@ -19,6 +19,9 @@ TOKEN = "s3cret-token"
 SMALL = ("--token", TOKEN, "--max-queued-tokens-online", "1024", "--max-queued-tokens-batch", "768",
          "--max-step-tokens", "256", "--online-step-tokens", "256", "--grace", "60")
 LONG = "word " * 300  # truncated to 256 tokens
+# Full-length inputs kept in flight while the drain test acts: ~12k tokens, seconds of CPU
+# work even on an idle machine (the scheduler measured ~4k tokens/s on two cores).
+IN_FLIGHT = 48
 
 
 @pytest.fixture(scope="module")
@@ -82,13 +85,13 @@ def test_deadlines_and_cancels_drop_queued_work_then_sigterm_drains(sidecar_fact
     def in_flight() -> None:
         with FernClient(process.target, timeout=300) as c:
             try:
-                outcome["result"] = c.embed([LONG] * 16, lane="batch")
+                outcome["result"] = c.embed([LONG] * IN_FLIGHT, lane="batch")
             except FernError as error:
                 outcome["error"] = error
 
     worker = threading.Thread(target=in_flight)
     worker.start()
-    time.sleep(0.5)  # the request is on the server, 16 steps of 256 tokens ahead
+    time.sleep(1.0)  # the request is on the server, with seconds of steps still ahead
     with FernClient(process.target) as c:
         # Queued behind the in-flight work (BATCH is FCFS): dropped at its deadline.
         with pytest.raises(FernError) as info:
@@ -114,7 +117,7 @@ def test_deadlines_and_cancels_drop_queued_work_then_sigterm_drains(sidecar_fact
     assert refused is not None and refused.code() == grpc.StatusCode.UNAVAILABLE
     worker.join(300)
     assert "error" not in outcome, outcome.get("error")
-    assert outcome["result"].vectors.shape == (16, 384)
+    assert outcome["result"].vectors.shape == (IN_FLIGHT, 384)
     assert process.process.wait(60) == 0
     log = process.log()
     assert "draining" in log and "fern: stopped" in log
