@@ -58,6 +58,7 @@ TOO_MANY_CONNECTIONS = "53300"
 PROGRAM_LIMIT_EXCEEDED = "54000"
 QUERY_CANCELED = "57014"
 ADMIN_SHUTDOWN = "57P01"
+CANNOT_CONNECT_NOW = "57P03"
 INTERNAL_ERROR = "XX000"
 
 # How a gateway error reads to a SQL caller. UNAVAILABLE means draining (57P03,
@@ -66,7 +67,7 @@ SQLSTATE_OF_CODE = {
     grpc.StatusCode.INVALID_ARGUMENT: "22023",
     grpc.StatusCode.NOT_FOUND: "42704",
     grpc.StatusCode.RESOURCE_EXHAUSTED: "53400",
-    grpc.StatusCode.UNAVAILABLE: "57P03",
+    grpc.StatusCode.UNAVAILABLE: CANNOT_CONNECT_NOW,
     grpc.StatusCode.DEADLINE_EXCEEDED: QUERY_CANCELED,
     grpc.StatusCode.CANCELLED: QUERY_CANCELED,
 }
@@ -328,6 +329,7 @@ class PgWireServer:
         self._sessions: dict[int, _Session] = {}
         self._handlers: set[asyncio.Task] = set()
         self._next_pid = 1
+        self._draining = False
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._handle, self.host, self.port,
@@ -339,8 +341,10 @@ class PgWireServer:
         """Stop listening, let queries in flight finish for `grace` seconds, then close all."""
         if self._server is None:
             return
+        self._draining = True
         self._server.close()
         busy = [s.task for s in self._sessions.values() if s.task is not None]
+        log.info("Postgres endpoint draining: %d queries in flight get %.0f s", len(busy), grace)
         if busy:
             await asyncio.wait(busy, timeout=grace)
         for session in list(self._sessions.values()):
@@ -688,6 +692,9 @@ class PgWireServer:
 
     async def _embed_in_task(self, session: _Session, call: EmbedCall) -> list[list[str | None]]:
         """Run the embedding as a task a CancelRequest (or stop()) can interrupt."""
+        if self._draining:
+            raise SqlError(CANNOT_CONNECT_NOW, "the Fern sidecar is draining for shutdown; "
+                           "retry on another replica")
         session.cancelled = False
         timeouts = [t for t in (call.options.timeout_ms, session.timeout_ms) if t > 0]
         deadline = time.monotonic() + min(timeouts) / 1000 if timeouts else None

@@ -6,6 +6,7 @@ PostgreSQL's SQLSTATEs; and after every refusal the connection and the endpoint 
 
 from __future__ import annotations
 
+import signal
 import socket
 import struct
 import threading
@@ -503,3 +504,32 @@ def test_concurrent_connections_get_their_own_vectors(sidecar, grpc_client):
     assert not errors
     for i, w in enumerate(want):
         assert cosine(results[i], w) >= 0.99999
+
+
+def test_drain_refuses_new_queries_with_57p03_then_ends_sessions(request):
+    """SIGTERM: new queries get 57P03 while the query in flight has its grace; then sessions end."""
+    with sidecar_process_class(request.config)(["--token", TOKEN, "--pg-port", "0"]) as own:
+        busy = psycopg.connect(dsn(own), autocommit=True)
+        idle = psycopg.connect(dsn(own), autocommit=True)
+        assert_usable(idle)
+        texts = ", ".join(f"'document {i}: " + "many words of text " * 60 + "'" for i in range(1500))
+        outcome: list[BaseException] = []
+
+        def long_query() -> None:
+            try:
+                busy.execute(f"SELECT * FROM embed_many(ARRAY[{texts}])")
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+        worker = threading.Thread(target=long_query)
+        worker.start()
+        time.sleep(1.0)                                   # the long query is in the scheduler
+        own.process.send_signal(signal.SIGTERM)
+        time.sleep(1.0)                                   # drain has begun; grace not over
+        error = sqlstate_of(idle, "SELECT embed('during the drain')")
+        assert error.sqlstate == "57P03" and "draining" in error.diag.message_primary
+        worker.join(60)
+        assert outcome and isinstance(outcome[0], psycopg.Error)   # cut at the end of the grace
+        assert own.process.wait(60) == 0
+        for conn in (busy, idle):
+            conn.close()
