@@ -136,3 +136,20 @@ def test_bad_engine_options_are_named() -> None:
             Engine(attention="varlen")
     with pytest.raises(ValueError, match="attention backend 'nope' is unknown"):
         Engine(attention="nope")
+
+
+@pytest.mark.slow
+def test_compiled_forward_gives_the_same_vectors(tmp_path, monkeypatch) -> None:
+    """The torch.compile path (attention outside the compiled regions) on the CPU, through
+    aot_eager so no C++ toolchain is needed; on CUDA the default inductor backend runs."""
+    from benchmarks.models import build_random_model
+
+    monkeypatch.setenv("FERN_COMPILE_BACKEND", "aot_eager")
+    model = build_random_model("bert", tmp_path / "bert", seed=3)
+    plain = Engine(model, compile=False, pad_to_buckets=True)
+    compiled = Engine(model, compile=True, pad_to_buckets=True)
+    assert compiled.compiled and not plain.compiled
+    rng = np.random.default_rng(0)
+    for lengths in ([5, 40, 130], [7]):
+        seqs = [[101, *rng.integers(1000, 30000, size=n - 2).tolist(), 102] for n in lengths]
+        np.testing.assert_allclose(compiled.embed(seqs), plain.embed(seqs), atol=1e-5, rtol=1e-5)

@@ -93,3 +93,34 @@ def test_bad_policy_arguments_are_named() -> None:
         CapturePolicy(max_graphs=-1)
     with pytest.raises(ValueError, match="eager_hits"):
         CapturePolicy(eager_hits=-1)
+
+
+def test_attention_selector_routes_by_shape_class_and_keeps_a_graph_on_its_backend() -> None:
+    from core_engine.attention.cpu import CpuAttention
+    from core_engine.attention.select import AttentionSelector, shape_class
+
+    class Recording(CpuAttention):
+        def __init__(self, name: str) -> None:
+            self.name = name
+            self.planned: list[GraphKey] = []
+            self.released: list[GraphKey] = []
+
+        def plan(self, key: GraphKey, cu_seqlens_cpu, for_graph: bool) -> None:
+            self.planned.append(key)
+
+        def release(self, key: GraphKey) -> None:
+            self.released.append(key)
+
+    a, b = Recording("a"), Recording("b")
+    sel = AttentionSelector({"a": a, "b": b}, forced=None)
+    sel.choices = {"small": "a", "large": "b"}
+    small, large = GraphKey(128, 2, 128), GraphKey(8192, 32, 512)
+    assert shape_class(small) == "small" and shape_class(large) == "large"
+    assert sel.activate(small) == "a" and sel.name == "a"
+    assert sel.activate(large) == "b" and sel.name == "b"
+    # A graph captured with "a" replays with "a" even where the choice for its class moved on.
+    assert sel.activate(large, captured="a") == "a"
+    sel.plan(large, None, for_graph=True)
+    assert a.planned == [large] and b.planned == []
+    sel.release(large)
+    assert a.released == [large] and b.released == [large]
