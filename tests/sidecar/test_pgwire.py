@@ -523,7 +523,7 @@ def test_drain_refuses_new_queries_with_57p03_then_ends_sessions(request):
 
         worker = threading.Thread(target=long_query)
         worker.start()
-        time.sleep(1.0)                                   # the long query is in the scheduler
+        time.sleep(2.0)                                   # the long query is in the scheduler
         own.process.send_signal(signal.SIGTERM)
         time.sleep(1.0)                                   # drain has begun; grace not over
         error = sqlstate_of(idle, "SELECT embed('during the drain')")
