@@ -96,20 +96,20 @@ PLANS = {
     "cpu": Plan(
         latency_models=("minilm",),
         latency_lengths=(16, 64, 128, 256),
-        latency_iters=15,
-        e2e_iters=15,
+        latency_iters=10,
+        e2e_iters=10,
         throughput_models=("minilm",),
         throughput_text_tokens=128,
-        texts_per_request=(1, 10, 50),
-        throughput_seconds=2.0,
+        texts_per_request=(1, 10, 32),
+        throughput_seconds=1.0,
         e2e_clients=1,
         compare_models=("minilm",),
-        workloads=(Workload("queries", 8, 24, 256), Workload("passages", 64, 256, 48),
-                   Workload("long", 200, 256, 24)),
+        workloads=(Workload("queries", 8, 24, 96), Workload("passages", 64, 256, 24),
+                   Workload("long", 200, 256, 12)),
         st_batch_sizes=(16, 64),
         step_tokens=2048,
         capture_model="minilm",
-        capture_windows=(8.0, 4.0),
+        capture_windows=(6.0, 3.0),
     ),
 }
 
@@ -406,13 +406,18 @@ def _chunks(texts: list[str], per_chunk: int) -> list[list[str]]:
     return [texts[i:i + per_chunk] for i in range(0, len(texts), per_chunk)]
 
 
+def _encode_ids(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of a chunk, list conversion included, on a pool thread (not the stepping thread)."""
+    return [e.ids for e in tok.encode_batch_fast(texts)]
+
+
 def _fern_texts_to_vectors(engine, tok: Tokenizer, chunks: list[list[str]], pool: ThreadPoolExecutor) -> int:
     """Tokenize (on the pool, ahead) and embed every chunk, one step each, pipelined; returns tokens."""
-    futures = [pool.submit(tok.encode_batch_fast, c) for c in chunks]
+    futures = [pool.submit(_encode_ids, tok, c) for c in chunks]
     tokens = 0
     pending = None
     for fut in futures:
-        seqs = [e.ids for e in fut.result()]
+        seqs = fut.result()
         tokens += sum(map(len, seqs))
         handle = engine.step(engine.prepare(seqs))
         if pending is not None:
@@ -447,7 +452,7 @@ def part_compare(ctx: Context) -> dict[str, Any]:
                 chunks = _chunks(texts, per_chunk)
                 # Tokenizer alone, all threads.
                 start = time.perf_counter()
-                ids = [e.ids for part in pool.map(tok.encode_batch_fast, _chunks(texts, 1024)) for e in part]
+                ids = [i for part in pool.map(lambda c: _encode_ids(tok, c), _chunks(texts, 1024)) for i in part]
                 tok_s = time.perf_counter() - start
                 total = sum(map(len, ids))
                 # Fern, text to vectors; two warm passes (eager, then capture) when graphs are on.
@@ -461,8 +466,9 @@ def part_compare(ctx: Context) -> dict[str, Any]:
                 start = time.perf_counter()
                 _pipelined_once(engine, id_chunks)
                 engine_s = time.perf_counter() - start
-                # sentence-transformers at each batch size (the first, shortest call warms it).
-                st.encode(texts[:64], batch_size=64)
+                # sentence-transformers at each batch size, after one untimed pass that warms
+                # its kernels and allocator at the largest batch size.
+                st.encode(texts[:4096], batch_size=max(plan.st_batch_sizes))
                 st_rates = {}
                 for bs in plan.st_batch_sizes:
                     _sync(ctx.device)
@@ -632,6 +638,7 @@ def environment(options: BenchOptions, device: str) -> dict[str, Any]:
         "device": device,
         "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
         "load_average": os.getloadavg(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -655,6 +662,11 @@ def run_suite(options: BenchOptions) -> dict[str, Any]:
     if options.suite == "gpu" and not device.startswith("cuda"):
         raise ValueError(f"suite 'gpu' needs a CUDA device, got {device}")
     plan = PLANS[options.suite]
+    if not device.startswith("cuda"):
+        # On a small shared CPU box, intra-op threads that wait on each other under load cost
+        # 10x (measured: 735 ms vs 60 ms for one MiniLM 128-token step at load 6 on 2 cores).
+        # Fern and the baseline get the same setting; FERN_BENCH_THREADS overrides.
+        torch.set_num_threads(int(os.environ.get("FERN_BENCH_THREADS", "1")))
     stem = f"{options.suite}{('-' + options.tag) if options.tag else ''}"
     options.out.mkdir(parents=True, exist_ok=True)
     ctx = Context(options, plan, device,

@@ -1,0 +1,88 @@
+"""The benchmark harness's own pieces: text lengths, FLOP counting, the `fern bench` parser, plots."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from benchmarks.cli import register
+from benchmarks.models import ARCHS
+from benchmarks.suite import PLANS, flops_per_token
+from benchmarks.texts import Workload, make_texts, workload_texts
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    from core_engine.loader import default_model_dir
+
+    tok = Tokenizer.from_file(str(default_model_dir() / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+def test_texts_have_the_requested_token_counts(tokenizer: Tokenizer) -> None:
+    lengths = [8, 16, 24, 64, 128, 256, 512]
+    texts = make_texts(tokenizer, lengths, seed=1)
+    counts = [len(e.ids) for e in tokenizer.encode_batch(texts)]
+    assert all(abs(c - n) <= 1 for c, n in zip(counts, lengths)), (counts, lengths)
+    assert make_texts(tokenizer, lengths, seed=1) == texts  # seeded
+    wl = workload_texts(tokenizer, Workload("passages", 64, 256, 50), seed=2)
+    counts = [len(e.ids) for e in tokenizer.encode_batch(wl)]
+    assert len(wl) == 50 and min(counts) >= 63 and max(counts) <= 257
+
+
+def test_flops_per_token_counts_projections_mlp_and_attention() -> None:
+    bert = ARCHS["bge-base"].config
+    per_layer = 2 * 768 * 3 * 768 + 2 * 768 * 768 + 2 * 2 * 768 * 3072 + 4 * 128 * 768
+    assert flops_per_token(bert, "bert", 128, causal=False) == 12 * per_layer
+    qwen = ARCHS["pplx-0.6b"].config  # GQA: 16 query heads, 8 KV heads of 128; SwiGLU
+    proj = 2 * 1024 * (2048 + 2 * 1024) + 2 * 2048 * 1024
+    mlp = 3 * 2 * 1024 * 3072
+    full = flops_per_token(qwen, "qwen3", 512, causal=False)
+    assert full == 28 * (proj + mlp + 4 * 512 * 2048)
+    assert flops_per_token(qwen, "qwen3", 512, causal=True) == 28 * (proj + mlp + 2 * 512 * 2048)
+
+
+def test_bench_verb_parses_into_options() -> None:
+    parser = argparse.ArgumentParser(prog="fern")
+    register(parser.add_subparsers(dest="verb"))
+    args = parser.parse_args(["bench", "--suite", "gpu", "--only", "latency", "--only", "capture",
+                              "--out", "/tmp/x", "--no-grpc", "--tag", "h200"])
+    assert (args.suite, args.only, args.out, args.no_grpc, args.tag) == (
+        "gpu", ["latency", "capture"], Path("/tmp/x"), True, "h200")
+    assert callable(args.func)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--suite", "tpu"])
+
+
+def test_cpu_plan_stays_small() -> None:
+    cpu = PLANS["cpu"]
+    assert cpu.latency_models == ("minilm",) and cpu.throughput_seconds <= 2
+    assert sum(w.count for w in cpu.workloads) <= 400
+
+
+def test_plots_are_written_for_each_part(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from benchmarks.plots import write_plots
+
+    pct = {"p50_ms": 1.0, "p99_ms": 2.0}
+    results = {
+        "environment": {"device_name": "test"},
+        "parts": {
+            "latency": {"m": {"engine": {"16": {"engine": pct}, "128": {"engine": pct}},
+                              "e2e": {"128": pct}, "published": {"e2e_p50_ms": 1.5}}},
+            "throughput": {"text_tokens": 512, "m": {"engine": {"1": {"embeddings_per_s": 10.0},
+                                                                "100": {"embeddings_per_s": 900.0}},
+                                                     "e2e": {"texts_per_request": 100, "embeddings_per_s": 800.0}}},
+            "compare": {"m": {"workloads": {"q": {"fern_tokens_per_s": 5.0, "fern_engine_tokens_per_s": 6.0,
+                                                  "st_best_tokens_per_s": 1.0, "tokenizer_tokens_per_s": 7.0}}}},
+            "capture": {"model": "m", "windows_s": [1.0, 1.0], "timeline": [[0.1, 5.0], [1.5, 1.0]]},
+        },
+    }
+    paths = write_plots(results, tmp_path, "t")
+    assert [p.name for p in paths] == ["t-latency.png", "t-throughput.png", "t-compare.png", "t-capture.png"]
+    assert all(p.stat().st_size > 1000 for p in paths)
