@@ -609,6 +609,16 @@ PARTS: dict[str, Callable[[Context], dict[str, Any]]] = {
 
 # ----------------------------------------------------------------------------------- driver
 
+def _program() -> str:
+    """How this process was started: `fern bench` or `python -m benchmarks.cli`."""
+    argv0 = Path(sys.argv[0])
+    if argv0.name == "fern":
+        return "fern"
+    if argv0.name == "cli.py" and argv0.parent.name == "benchmarks":
+        return "python -m benchmarks.cli"
+    return argv0.name
+
+
 def environment(options: BenchOptions, device: str) -> dict[str, Any]:
     """Where and how the numbers were taken."""
     import transformers
@@ -631,7 +641,7 @@ def environment(options: BenchOptions, device: str) -> dict[str, Any]:
     except ImportError:
         fi_version = None
     return {
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": " ".join([_program(), *sys.argv[1:]]),
         "argv": sys.argv,
         "options": {k: str(v) for k, v in asdict(options).items()},
         "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
