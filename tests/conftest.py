@@ -15,14 +15,7 @@ from pathlib import Path
 
 import pytest
 
-# pytest puts tests/ on sys.path for this rootdir conftest, and tests/adapters, tests/sidecar
-# (plain folders) would then shadow the real packages as namespace packages unless the
-# repository root is on sys.path too (`python -m pytest` adds it; `.venv/bin/pytest` does not).
-_ROOT = str(Path(__file__).resolve().parents[1])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from sidecar.client import FernClient  # noqa: E402
+from sidecar.client import FernClient
 
 # "fern: serving all-MiniLM-L6-v2 on 127.0.0.1:40123 (cpu)" is what `fern serve` prints when up.
 _SERVING = re.compile(r"^fern: serving .* on (\S+) \(")
