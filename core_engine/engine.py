@@ -106,6 +106,13 @@ class Engine:
     On CUDA, token counts are padded to buckets and each bucket's whole forward pass (pooling
     included) becomes a CUDA graph lazily: the first step of a shape runs eagerly, the next
     captures, later ones replay. Only the pooled vectors travel back, through pinned memory.
+
+    Options: `attention` "auto" (measured per shape class on CUDA), "varlen", "flashinfer" or
+    "cpu"; `cuda_graphs=False` runs every step eagerly; `max_graphs` bounds the graphs kept
+    (least recently used evicted); `eager_hits` is how many eager steps a shape gets before
+    its capture; `max_step_tokens` sizes the static input buffer (larger steps run eagerly);
+    `prewarm` lists (tokens per sequence, sequences) shapes captured at start; `compile`
+    (default: on CUDA; env FERN_COMPILE) runs the model through torch.compile.
     """
 
     def __init__(
