@@ -113,7 +113,7 @@ def _vectorize(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from adapters.postgres.worker import Worker, WorkerConfig
+    from adapters.postgres.worker import SchemaMissing, Worker, WorkerConfig
 
     progress = {"auto": sys.stderr.isatty(), "on": True, "off": False}[args.progress]
     config = WorkerConfig(dsn=args.dsn, target=args.target, batch_size=args.batch_size,
@@ -123,6 +123,11 @@ def _worker(args: argparse.Namespace) -> int:
         worker.run(until_empty=args.once)
     except KeyboardInterrupt:
         worker.stop()
+    except SchemaMissing as err:
+        print(f"fern pg worker: {err}", file=sys.stderr)
+        return 2
+    finally:
+        worker.close()
     return 0
 
 

@@ -32,6 +32,7 @@ import psycopg
 from psycopg import sql
 
 from adapters.postgres.chunking import split_in_half, split_text
+from adapters.postgres.installer import is_installed
 from adapters.postgres.vectorizer import (NOTIFY_CHANNEL, Vectorizer, list_vectorizers,
                                           swap_if_ready)
 from sidecar.client import Embeddings, FernClient, FernError
@@ -39,6 +40,10 @@ from sidecar.client import Embeddings, FernClient, FernError
 log = logging.getLogger("fern.pg.worker")
 
 PERMANENT_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE}
+
+
+class SchemaMissing(RuntimeError):
+    """The database lacks the fern schema (or has an older one)."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +161,10 @@ class Worker:
                                            application_name="fern-worker-claim")
         self._write_conn = psycopg.connect(self.config.dsn, autocommit=True,
                                            application_name="fern-worker-write")
+        if not is_installed(self._write_conn):
+            self._close()
+            raise SchemaMissing("this database has no (or an older) fern schema: run "
+                                "`fern pg install --dsn ...` first")
         register_vector(self._write_conn)
 
     def _close(self) -> None:
@@ -555,11 +564,12 @@ class BackgroundWorker:
         while not self.worker._stopping.is_set():
             try:
                 self.worker.run()
-            except psycopg.OperationalError as err:
-                # The database went away: keep the sidecar up and reconnect.
+            except (psycopg.Error, SchemaMissing) as err:
+                # The database went away or is not installed yet: keep the sidecar up and
+                # try again (installing the schema later is enough).
                 self.error = err
-                log.warning("pg worker: database connection lost (%s); reconnecting", err)
-                self.worker._stopping.wait(2.0)
+                log.warning("pg worker: %s; retrying in 5 s", err)
+                self.worker._stopping.wait(5.0)
             except BaseException as err:
                 self.error = err
                 log.exception("pg worker stopped")

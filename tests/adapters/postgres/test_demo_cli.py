@@ -52,3 +52,11 @@ def test_cli_vectorize_worker_status(pg_db, pg_target, fern):
     assert len(ids) == 40 and cosines(vecs, ref).min() >= 0.99999
     table = fern_pg("status", "--dsn", pg_db).stdout
     assert "public.posts.embedding" in table
+
+
+def test_worker_on_a_database_without_the_schema_says_what_to_do(pg_db, pg_target):
+    out = subprocess.run([sys.executable, "-m", "sidecar.cli", "pg", "worker", "--dsn", pg_db,
+                          "--target", pg_target, "--once"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2
+    assert "fern pg install" in out.stderr
