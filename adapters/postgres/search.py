@@ -14,6 +14,7 @@ import numpy as np
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
 
 from adapters.postgres.vectorizer import Vectorizer, VectorizerError, get_vectorizer
 
@@ -58,7 +59,7 @@ def _output_columns(conn: psycopg.Connection, v: Vectorizer) -> list[str]:
     return [r[0] for r in rows]
 
 
-def search(conn: psycopg.Connection, table: str | tuple[str, str], text: str, k: int = 10, *,
+def search(conn: "psycopg.Connection | ConnectionPool", table: str | tuple[str, str], text: str, k: int = 10, *,
            where: str | sql.Composable | None = None, params: Sequence[Any] = (),
            hybrid: bool | None = None, client=None, target_column: str | None = None,
            prompt: str | None = "query", candidates: int | None = None,
@@ -70,11 +71,18 @@ def search(conn: psycopg.Connection, table: str | tuple[str, str], text: str, k:
     with psycopg. The query is embedded with `prompt` ("query": the model's query prompt
     where it has one). `hybrid` defaults to whether the vectorizer keeps a tsvector; when on,
     the best `candidates` (default 4k) of each list are fused by RRF. One SQL statement.
+    `conn` may be a psycopg_pool.ConnectionPool, from which one connection is borrowed.
     `text_match` "any" lets a row match the full-text side with any of the query's words
     (ranked by how many and how close), "all" needs every word (websearch syntax either way).
     """
     if text_match not in ("any", "all"):
         raise ValueError(f"text_match must be 'any' or 'all', got {text_match!r}")
+    if isinstance(conn, ConnectionPool):
+        # A web app's pool: borrow a connection for the one statement.
+        with conn.connection() as borrowed:
+            return search(borrowed, table, text, k, where=where, params=params, hybrid=hybrid,
+                          client=client, target_column=target_column, prompt=prompt,
+                          candidates=candidates, rrf_k=rrf_k, text_match=text_match)
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
     v = get_vectorizer(conn, table, target_column)

@@ -78,3 +78,11 @@ def test_hybrid_needs_a_hybrid_vectorizer(conn, fern):
     with pytest.raises(VectorizerError, match="hybrid=True"):
         search(conn, "plain", "x", 3, hybrid=True, client=fern)
     assert search(conn, "plain", "x", 3, client=fern) == []  # no vectors yet: no rows
+
+
+def test_search_through_a_connection_pool(corpus, fern, pg_db):
+    from psycopg_pool import ConnectionPool
+
+    with ConnectionPool(pg_db, min_size=1, max_size=2, open=True) as pool:
+        hits = search(pool, "kb", "a kitten resting in the sun", 1, client=fern)
+    assert names(hits) == ["cat"]
