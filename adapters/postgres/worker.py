@@ -242,7 +242,7 @@ class Worker:
         """Stream every claimable batch of `v` through the sidecar; returns rows handled."""
         inflight: dict[str, _Batch] = {}
         empty: deque[_Batch] = deque()
-        stream = {"open": True, "claimed": 0}
+        stream = {"open": True}
         handled = 0
 
         def requests() -> Iterator[tuple[str, list[str]]]:
