@@ -490,3 +490,68 @@ def _check_real_engine(engine) -> None:
         assert mine.shape == ref.shape == (len(ref), engine.spec.dimensions)
         np.testing.assert_allclose(mine, ref, rtol=0, atol=2e-5)
     assert stats.steps >= 2  # the 24-sequence request (~500 tokens) did not fit one 256-token step
+
+
+class JitteryEngine(GatedEngine):
+    """Ungated stand-in whose results take a random 0-2 ms, like a busy device."""
+
+    def __init__(self, name: str, seed: int) -> None:
+        super().__init__(gated=False, name=name)
+        self._rng = np.random.default_rng(seed)
+
+    def step(self, prepared: list[tuple[int, ...]]) -> Handle:
+        handle = super().step(prepared)
+        delay = float(self._rng.uniform(0, 0.002))
+        inner = handle.result
+
+        def result() -> np.ndarray:
+            time.sleep(delay)
+            return inner()
+
+        handle.result = result  # type: ignore[method-assign]
+        return handle
+
+
+def test_random_load_with_cancels_and_deadlines_leaves_nothing_behind():
+    rng = np.random.default_rng(5)
+
+    async def main():
+        engines = [JitteryEngine("cuda:fake0", 1), JitteryEngine("fake:1", 2)]
+        sched = Scheduler(engines, config(max_step_tokens=96, online_step_tokens=48,
+                                          max_queued_tokens_batch=3000, max_queued_tokens_online=1500))
+        await sched.start()
+        jobs = []
+        for i in range(400):
+            lane = Lane.ONLINE if rng.random() < 0.4 else Lane.BATCH
+            mark = ONLINE_MARK if lane == Lane.ONLINE else BATCH_MARK
+            seqs = [[mark, i, k] + [3] * int(rng.integers(0, 20)) for k in range(int(rng.integers(1, 10)))]
+            deadline = time.monotonic() + float(rng.uniform(0.001, 0.05)) if rng.random() < 0.2 else None
+            task = asyncio.create_task(sched.embed(seqs, lane, deadline, wait=lane == Lane.BATCH))
+            jobs.append((seqs, task))
+            if rng.random() < 0.15:
+                asyncio.get_running_loop().call_later(float(rng.uniform(0, 0.01)), task.cancel)
+            if i % 8 == 0:
+                await asyncio.sleep(float(rng.uniform(0, 0.003)))
+        outcomes = {"done": 0, "cancelled": 0, "expired": 0, "full": 0}
+        for seqs, task in jobs:
+            try:
+                got = await task
+            except asyncio.CancelledError:
+                outcomes["cancelled"] += 1
+            except DeadlineExceeded:
+                outcomes["expired"] += 1
+            except QueueFull:
+                outcomes["full"] += 1
+            else:
+                outcomes["done"] += 1
+                np.testing.assert_array_equal(got, expected(seqs))
+        await sched.drain()
+        stats = sched.stats()
+        assert stats.online.queued_tokens == stats.batch.queued_tokens == 0
+        assert stats.online.queued_requests == stats.batch.queued_requests == 0
+        assert all(e.inflight_tokens == 0 for e in stats.engines)
+        assert stats.tokens == sum(len(s) for e in engines for step in e.stepped for s in step)
+        assert all(e.stepped for e in engines)  # both engines took work
+        assert outcomes["done"] > 200 and outcomes["cancelled"] + outcomes["expired"] > 20, outcomes
+
+    run(main(), timeout=60)
