@@ -1,0 +1,408 @@
+"""Measures the sidecar's own per-request cost: a gRPC round trip minus the engine work it wraps, by stage.
+
+`python -m benchmarks.overhead` starts a sidecar in a subprocess (`--serve`: the same
+Registry + Sidecar that `fern serve` builds, real gRPC on loopback, the bundled MiniLM
+unless --model says otherwise) and, in this process, the same engine. For each text
+length it interleaves, request by request and in alternating order so that load on a
+shared machine hits both alike: (a) `engine.embed([ids])` here (prepare + step + result
+for the same one text) and (b) `FernClient.embed([text])` against the sidecar.
+
+The sidecar records perf_counter_ns checkpoints (CLOCK_MONOTONIC, comparable across
+processes on Linux) at each stage of every Embed call, and the engine calls its
+scheduler makes. So besides p50(b) − p50(a), every request also has its own overhead:
+round trip minus the engine time spent on that very request in the server, split into
+
+    grpc_in     client send -> Embed handler entered (client + transport + server grpc + loop)
+    prepare     handler -> gateway.prepare done (validation, prompt, tokenization)
+    hand_off    scheduler.embed called -> engine.prepare starts on the engine thread
+    engine      engine.prepare + step + result (what the GPU/CPU work costs)
+    hand_back   result out of the engine -> scheduler.embed returns on the loop
+    finalize    -> gateway.execute done (truncate/normalize/encode)
+    respond     -> handler returns (response message built)
+    grpc_out    handler return -> client has decoded the response
+
+The checkpoint wrappers cost a few microseconds each (measured: `wrapper_ns`).
+Results go to benchmarks/results/overhead-<device>.json with the command, machine and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import functools
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+LENGTHS = (16, 128)
+
+
+# ----------------------------------------------------------------------------- server side
+
+@dataclass
+class Trace:
+    """Checkpoints of every Embed call and every engine call, in the order they happened."""
+
+    calls: list[dict[str, int]] = field(default_factory=list)
+    engine: list[tuple[int, int]] = field(default_factory=list)  # (prepare start, result end)
+
+
+def _instrument(sidecar, trace: Trace) -> None:
+    """Wrap the service, gateway, scheduler and engines of `sidecar` with checkpoints."""
+    clock = time.perf_counter_ns
+    service, gateway = sidecar.service, sidecar.gateway
+    current: dict[str, int] = {}
+
+    handler = service.Embed
+
+    @functools.wraps(handler)
+    async def embed(request, context):
+        current.clear()
+        current["handler"] = clock()
+        try:
+            return await handler(request, context)
+        finally:
+            current["handler_end"] = clock()
+            trace.calls.append(dict(current))
+
+    service.Embed = embed
+
+    prepare = gateway.prepare
+
+    async def timed_prepare(params):
+        out = await prepare(params)
+        current["prepared"] = clock()
+        return out
+
+    gateway.prepare = timed_prepare
+    execute = gateway.execute
+
+    async def timed_execute(prepared, **kw):
+        out = await execute(prepared, **kw)
+        current["executed"] = clock()
+        return out
+
+    gateway.execute = timed_execute
+
+    for served in sidecar.registry:
+        scheduler_embed = served.scheduler.embed
+
+        async def timed_embed(*a, _inner=scheduler_embed, **kw):
+            current["scheduled"] = clock()
+            out = await _inner(*a, **kw)
+            current["resumed"] = clock()
+            return out
+
+        served.scheduler.embed = timed_embed
+        for engine in served.engines:
+            _instrument_engine(engine, trace)
+
+
+def _instrument_engine(engine, trace: Trace) -> None:
+    clock = time.perf_counter_ns
+    prepare, step = engine.prepare, engine.step
+
+    def timed_prepare(sequences):
+        started = clock()
+        batch = prepare(sequences)
+        batch._fern_started = started
+        return batch
+
+    def timed_step(batch):
+        return _TimedHandle(step(batch), getattr(batch, "_fern_started", clock()), trace)
+
+    engine.prepare, engine.step = timed_prepare, timed_step
+
+
+class _TimedHandle:
+    """An engine handle that records (prepare start, result end) when its result is taken."""
+
+    def __init__(self, handle, started: int, trace: Trace) -> None:
+        self._handle, self._started, self._trace = handle, started, trace
+
+    def done(self) -> bool:
+        return self._handle.done()
+
+    def result(self) -> np.ndarray:
+        rows = self._handle.result()
+        self._trace.engine.append((self._started, time.perf_counter_ns()))
+        return rows
+
+
+async def _bare_server(port: int, dimensions: int):
+    """The gRPC floor: an aio server whose Embed returns a ready response of the same size."""
+    import grpc.aio
+
+    from sidecar.wire import embedder_pb2 as pb
+    from sidecar.wire import embedder_pb2_grpc as pb_grpc
+
+    vectors = np.zeros((1, dimensions), "<f4").tobytes()
+
+    class Bare(pb_grpc.EmbedderServicer):
+        async def Embed(self, request, context):
+            return pb.EmbedResponse(model="bare", count=1, dimensions=dimensions, vectors=vectors,
+                                    token_counts=[len(request.texts[0])])
+
+    server = grpc.aio.server()
+    pb_grpc.add_EmbedderServicer_to_server(Bare(), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return server
+
+
+async def serve(args: argparse.Namespace) -> None:
+    """The sidecar of `fern serve` (one model, `--device`), instrumented; trace to --trace on SIGTERM."""
+    from sidecar.registry import ModelSource, Registry
+    from sidecar.server import Sidecar
+
+    source = ModelSource(Path(args.model) if args.model else None)
+    registry = await asyncio.to_thread(Registry.load, [source], device=args.device)
+    sidecar = Sidecar(registry, host="127.0.0.1", port=args.port, token=args.token)
+    trace = Trace()
+    if not args.no_trace:
+        _instrument(sidecar, trace)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    await sidecar.start()
+    bare = await _bare_server(args.port + 1, sidecar.registry.specs()[0].dimensions)
+    print(f"overhead: serving on {sidecar.target}, bare gRPC on port {args.port + 1}",
+          file=sys.stderr, flush=True)
+    await stop.wait()
+    await bare.stop(0)
+    await sidecar.stop(5.0)
+    Path(args.trace).write_text(json.dumps({"calls": trace.calls, "engine": trace.engine}))
+
+
+# ----------------------------------------------------------------------------- driver side
+
+def _percentiles(samples_ns: list[int] | np.ndarray) -> dict[str, float]:
+    a = np.asarray(samples_ns, dtype=np.float64) / 1e3
+    return {"p50_us": round(float(np.percentile(a, 50)), 1), "p90_us": round(float(np.percentile(a, 90)), 1),
+            "p99_us": round(float(np.percentile(a, 99)), 1), "mean_us": round(float(a.mean()), 1),
+            "n": int(a.size)}
+
+
+def _start_server(args: argparse.Namespace, trace_path: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
+    from benchmarks.server import free_port
+    from sidecar.client import FernClient
+
+    port = free_port()
+    while not _port_free(port + 1):
+        port = free_port()
+    command = [sys.executable, "-m", "benchmarks.overhead", "--serve", "--port", str(port),
+               "--trace", str(trace_path), "--device", args.device]
+    if args.model:
+        command += ["--model", args.model]
+    if args.token:
+        command += ["--token", args.token]
+    if args.no_trace:
+        command += ["--no-trace"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(args.threads))
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    target = f"127.0.0.1:{port}"
+    started = time.monotonic()
+    with FernClient(target) as client:
+        while not client.health(timeout=1.0):
+            if process.poll() is not None:
+                raise RuntimeError(f"the sidecar exited with {process.returncode}; see {log_path}")
+            if time.monotonic() - started > 300:
+                process.kill()
+                raise TimeoutError(f"the sidecar was not SERVING after 300 s; see {log_path}")
+            time.sleep(0.1)
+    return process, target
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _wrapper_cost_ns() -> int:
+    """What one checkpoint (a clock read and a dict store) costs here, median of many."""
+    clock, d, samples = time.perf_counter_ns, {}, []
+    for _ in range(2000):
+        t0 = clock()
+        d["x"] = clock()
+        samples.append(clock() - t0)
+    return int(np.median(samples))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from benchmarks.texts import make_texts
+    from core_engine.engine import Engine
+    from sidecar.client import FernClient
+
+    torch.set_num_threads(args.threads)
+    out_dir = Path(args.out).parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trace_path = Path(f"/tmp/fern-overhead-trace-{os.getpid()}.json")
+    log_path = Path(f"/tmp/fern-overhead-sidecar-{os.getpid()}.log")
+    engine = Engine(args.model, device=args.device)
+    process, target = _start_server(args, trace_path, log_path)
+    clock = time.perf_counter_ns
+    sends: list[tuple[int, int]] = []  # every client Embed call, warm-up included, in order
+    plan: list[tuple[int, int]] = []  # (length, index into sends) of measured calls
+    engine_ns: dict[int, list[int]] = {n: [] for n in args.lengths}
+    e2e_ns: dict[int, list[int]] = {n: [] for n in args.lengths}
+    bare_ns: dict[int, list[int]] = {n: [] for n in args.lengths}
+    tokens: dict[int, int] = {}
+    try:
+        host, port = target.rsplit(":", 1)
+        with FernClient(target, token=args.token) as client, \
+                FernClient(f"{host}:{int(port) + 1}") as bare:
+            for length in args.lengths:
+                texts = make_texts(engine.spec.tokenizer_path, [length] * 8, seed=length)
+                ids = _ids(engine, texts)  # tokenized as the sidecar does
+                tokens[length] = len(ids[0])
+                for i in range(args.warmup):
+                    engine.embed([ids[i % 8]])
+                    bare.embed([texts[i % 8]])
+                    t0 = clock()
+                    client.embed([texts[i % 8]])
+                    sends.append((t0, clock()))
+                for i in range(args.iters):
+                    order = ((0, 1, 2), (1, 2, 0), (2, 0, 1))[i % 3]
+                    for which in order:
+                        if which == 0:
+                            t0 = clock()
+                            engine.embed([ids[i % 8]])
+                            engine_ns[length].append(clock() - t0)
+                        elif which == 2:
+                            t0 = clock()
+                            bare.embed([texts[i % 8]])
+                            bare_ns[length].append(clock() - t0)
+                        else:
+                            t0 = clock()
+                            client.embed([texts[i % 8]])
+                            t1 = clock()
+                            sends.append((t0, t1))
+                            e2e_ns[length].append(t1 - t0)
+                            plan.append((length, len(sends) - 1))
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    trace = json.loads(trace_path.read_text()) if trace_path.exists() and not args.no_trace else None
+    results: dict[str, Any] = {}
+    for length in args.lengths:
+        entry: dict[str, Any] = {
+            "tokens": tokens[length],
+            "engine_here": _percentiles(engine_ns[length]),
+            "e2e": _percentiles(e2e_ns[length]),
+            "e2e_minus_engine_p50_us": round((np.median(e2e_ns[length]) - np.median(engine_ns[length])) / 1e3, 1),
+            "bare_grpc": _percentiles(bare_ns[length]),
+            "e2e_minus_engine_minus_bare_p50_us": round((np.median(e2e_ns[length]) - np.median(engine_ns[length])
+                                                          - np.median(bare_ns[length])) / 1e3, 1),
+            "e2e_minus_engine_p99_us": round((np.percentile(e2e_ns[length], 99)
+                                              - np.percentile(engine_ns[length], 99)) / 1e3, 1),
+        }
+        if trace is not None:
+            entry.update(_stages(trace, sends, [k for n, k in plan if n == length]))
+        results[str(length)] = entry
+    return {
+        "command": " ".join(["python -m benchmarks.overhead", *sys.argv[1:]]),
+        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"hostname": platform.node(), "cpu": platform.processor() or platform.machine(),
+                    "cpu_count": os.cpu_count(), "load_average": os.getloadavg(),
+                    "python": platform.python_version(), "torch": torch.__version__,
+                    "grpcio": __import__("grpc").__version__, "torch_threads": args.threads,
+                    "device": args.device},
+        "git_commit": _git_commit(),
+        "model": engine.spec.name,
+        "iters": args.iters,
+        "checkpoint_ns": _wrapper_cost_ns(),
+        "lengths": results,
+    }
+
+
+def _ids(engine, texts: list[str]) -> list[list[int]]:
+    from sidecar.tokenize import TextTokenizer
+
+    return TextTokenizer.for_spec(engine.spec, workers=1).encode(texts)
+
+
+def _stages(trace: dict[str, Any], sends: list[tuple[int, int]], measured: list[int]) -> dict[str, Any]:
+    """Per-request stage durations, matched to client calls by order (one call at a time)."""
+    calls, engine_calls = trace["calls"], trace["engine"]
+    if len(calls) != len(sends):
+        return {"stages_error": f"{len(calls)} Embed calls traced, {len(sends)} sent"}
+    stages: dict[str, list[int]] = {k: [] for k in (
+        "grpc_in", "prepare", "hand_off", "engine", "hand_back", "finalize", "respond", "grpc_out",
+        "overhead")}
+    starts = np.array([e[0] for e in engine_calls], dtype=np.int64)
+    for k in measured:
+        (t0, t1), c = sends[k], calls[k]
+        if not t0 <= c["handler"] <= c["handler_end"] <= t1:
+            return {"stages_error": f"call {k} does not nest in its client call: clocks differ?"}
+        j = int(np.searchsorted(starts, c["scheduled"]))
+        e0, e1 = engine_calls[j]
+        stages["grpc_in"].append(c["handler"] - t0)
+        stages["prepare"].append(c["prepared"] - c["handler"])
+        stages["hand_off"].append(e0 - c["scheduled"])
+        stages["engine"].append(e1 - e0)
+        stages["hand_back"].append(c["resumed"] - e1)
+        stages["finalize"].append(c["executed"] - c["resumed"])
+        stages["respond"].append(c["handler_end"] - c["executed"])
+        stages["grpc_out"].append(t1 - c["handler_end"])
+        stages["overhead"].append((t1 - t0) - (e1 - e0))
+    return {"stages": {k: _percentiles(v) for k, v in stages.items()}}
+
+
+def _git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="model directory (default: the bundled MiniLM)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads, both processes")
+    p.add_argument("--iters", type=int, default=300)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS))
+    p.add_argument("--token", default=None, help="run the sidecar with auth on (as production does)")
+    p.add_argument("--no-trace", action="store_true", help="no checkpoint wrappers in the sidecar")
+    p.add_argument("--out", default="benchmarks/results/overhead-cpu.json")
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--trace", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.serve:
+        asyncio.run(serve(args))
+        return 0
+    result = run(args)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: {"e2e_p50_us": v["e2e"]["p50_us"], "engine_p50_us": v["engine_here"]["p50_us"],
+                          "diff_p50_us": v["e2e_minus_engine_p50_us"],
+                          "bare_grpc_p50_us": v["bare_grpc"]["p50_us"],
+                          "fern_over_floor_p50_us": v["e2e_minus_engine_minus_bare_p50_us"],
+                          "stages_p50_us": {s: x["p50_us"] for s, x in v.get("stages", {}).items()}}
+                      for k, v in result["lengths"].items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
