@@ -68,11 +68,14 @@ def machine() -> dict[str, Any]:
 class EngineRun:
     """The in-process engine on the corpus, tokenized once and packed into the sidecar's steps."""
 
-    def __init__(self, texts: list[str], device: str):
+    def __init__(self, texts: list[str], device: str, threads: int):
+        import torch
+
         from core_engine.engine import Engine
         from sidecar.scheduler import SchedulerConfig
         from sidecar.tokenize import TextTokenizer
 
+        torch.set_num_threads(threads)
         self.engine = Engine(device=device)
         self.budget = SchedulerConfig.for_device(self.engine.device.type).max_step_tokens
         tokenizer = TextTokenizer.for_spec(self.engine.spec)
@@ -129,13 +132,15 @@ def measure_ingest(target: str, rows: list[dict[str, Any]], batch_size: int, in_
             "requests": summary.requests}
 
 
-def start_sidecar(device: str) -> tuple[subprocess.Popen, str]:
+def start_sidecar(device: str, threads: int) -> tuple[subprocess.Popen, str]:
     """`fern serve` on a free loopback port; returns the process and its target."""
     log = tempfile.NamedTemporaryFile("w+", prefix="fern-bench-", suffix=".log", delete=False)
     fern = Path(sys.executable).with_name("fern")
     cmd = [str(fern) if fern.exists() else "fern", "serve", "--host", "127.0.0.1", "--port", "0",
            "--device", device]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}  # the sidecar's torch threads
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -156,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=64, help="records per ingest request")
     parser.add_argument("--in-flight", type=int, default=8, help="ingest requests in flight")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; best kept")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="torch threads, in-process engine and sidecar alike (default: cores)")
     parser.add_argument("--target", default=None, help="use a running sidecar at HOST:PORT")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/qdrant_ingest_cpu.json"))
     args = parser.parse_args(argv)
@@ -164,12 +171,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from importlib.metadata import version
 
+    load_at_start = os.getloadavg()
     rows = corpus(args.texts)
     texts = [r["text"] for r in rows]
     proc = None
     target = args.target
     if target is None:
-        proc, target = start_sidecar(args.device)
+        proc, target = start_sidecar(args.device, args.threads)
     runs: dict[str, list[dict[str, Any]]] = {"engine": [], "sidecar_stream": [],
                                              "ingest_hybrid": [], "ingest_dense_only": []}
     try:
@@ -177,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         with FernClient(target) as fern:
             fern.wait_ready(60)
             fern.embed(texts[:8], lane="batch")  # warm the sidecar's first-call paths
-        engine = EngineRun(texts, args.device)
+        engine = EngineRun(texts, args.device, args.threads)
         # Rounds alternate the measurements, and the best of each is kept: on a shared
         # machine, other load only ever slows a run down. The idle sidecar costs the
         # in-process engine nothing.
@@ -206,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         "batch_size": args.batch_size,
         "max_in_flight": args.in_flight,
         "rounds": args.rounds,
+        "torch_threads": args.threads,
+        "load_average_at_start": load_at_start,
+        "load_average_at_end": os.getloadavg(),
         "best": best,
         "all_rows_per_s": {name: [round(r["rows_per_s"], 1) for r in values]
                            for name, values in runs.items()},
