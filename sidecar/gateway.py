@@ -165,11 +165,18 @@ class Gateway:
         RESOURCE_EXHAUSTED (streams, whose reader already waited, use it against races).
         """
         params, served = prepared.params, prepared.served
-        chunks = self._chunks(prepared)
+        scheduler = served.scheduler
         try:
-            if len(chunks) == 1:  # the common case, without a task per chunk
-                pooled = await served.scheduler.embed(prepared.sequences, params.lane,
-                                                      params.deadline, wait=wait_first)
+            # The common case (a query): one chunk, awaited directly, without a task per chunk
+            # and without walking the sequences to cut chunks.
+            if (len(prepared.sequences) <= self.chunk_texts
+                    and prepared.tokens <= scheduler.config.bound(params.lane)):
+                chunks = None
+            else:
+                chunks = self._chunks(prepared)
+            if chunks is None or len(chunks) == 1:
+                pooled = await scheduler.embed(prepared.sequences, params.lane, params.deadline,
+                                               wait=wait_first)
             else:
                 pooled = await self._embed_chunks(prepared, chunks, wait_first)
         except (QueueFull, Draining, DeadlineExceeded) as error:

@@ -53,28 +53,30 @@ _ENCODINGS = {pb.ENCODING_FLOAT32: "float32", pb.ENCODING_FLOAT16: "float16",
 _ENCODING_NUMBERS = {name: number for number, name in _ENCODINGS.items()}
 _TRUNCATIONS = {pb.TRUNCATION_END: True, pb.TRUNCATION_ERROR: False}
 _LITTLE = {"float32": "<f4", "float16": "<f2", "int8": "i1", "binary": "u1"}
+_LANES = {lane.value: lane for lane in Lane}
 
 
 def params_from_request(request: pb.EmbedRequest, deadline: float | None) -> EmbedParams:
     """The gateway's view of a wire request; unknown enum numbers are INVALID_ARGUMENT."""
-    try:
-        lane = Lane(request.lane)
-    except ValueError:
-        raise invalid_argument(f"lane: unknown value {request.lane}") from None
-    if request.encoding not in _ENCODINGS:
+    lane = _LANES.get(request.lane)
+    if lane is None:
+        raise invalid_argument(f"lane: unknown value {request.lane}")
+    encoding = _ENCODINGS.get(request.encoding)
+    if encoding is None:
         raise invalid_argument(f"encoding: unknown value {request.encoding}")
-    if request.truncation not in _TRUNCATIONS:
+    truncate = _TRUNCATIONS.get(request.truncation)
+    if truncate is None:
         raise invalid_argument(f"truncation: unknown value {request.truncation}")
     return EmbedParams(
         texts=request.texts,
-        token_ids=[t.ids for t in request.token_ids],
+        token_ids=[t.ids for t in request.token_ids] if len(request.token_ids) else (),
         model=request.model,
         lane=lane,
         prompt_name=request.prompt_name,
         normalize=request.normalize if request.HasField("normalize") else None,
-        truncate=_TRUNCATIONS[request.truncation],
+        truncate=truncate,
         dimensions=request.dimensions,
-        encoding=_ENCODINGS[request.encoding],
+        encoding=encoding,
         return_sparse=request.return_sparse,
         deadline=deadline,
     )
@@ -169,7 +171,10 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             return False
 
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
-        with self._tracked():
+        # The hot path of a query: tracked inline rather than through _tracked()'s generator.
+        self._active += 1
+        self._idle.clear()
+        try:
             try:
                 params = params_from_request(request, _deadline(context))
                 result = await self.gateway.embed(params)
@@ -178,6 +183,10 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             except Exception as error:  # anything else is our bug: say so, keep serving
                 await _abort(context, _internal(error))
             return response_from_result(request.request_id, result)
+        finally:
+            self._active -= 1
+            if self._active == 0:
+                self._idle.set()
 
     async def EmbedStream(self, request_iterator: AsyncIterator[pb.EmbedRequest],
                           context: grpc.aio.ServicerContext) -> None:
@@ -277,16 +286,24 @@ class TokenAuth(grpc.aio.ServerInterceptor):
 
     def __init__(self, token: str) -> None:
         self._expected = f"Bearer {token}".encode()
+        self._denied: dict[str, grpc.RpcMethodHandler] = {}  # per method, built once
 
     async def intercept_service(self, continuation: Callable[..., Awaitable],
                                 details: grpc.HandlerCallDetails):
         handler = await continuation(details)
         if handler is None or details.method.startswith("/grpc.health.v1.Health/"):
             return handler
-        given = dict(details.invocation_metadata or ()).get("authorization", "")
-        if hmac.compare_digest(given.encode() if isinstance(given, str) else given, self._expected):
+        given = b""
+        for key, value in details.invocation_metadata or ():
+            if key == "authorization":
+                given = value.encode() if isinstance(value, str) else value
+                break
+        if hmac.compare_digest(given, self._expected):
             return handler
-        return _denied(handler)
+        denied = self._denied.get(details.method)
+        if denied is None:
+            denied = self._denied[details.method] = _denied(handler)
+        return denied
 
 
 def _denied(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
