@@ -39,6 +39,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from sidecar.registry import engine_devices  # noqa: E402
 from sidecar.scheduler import Lane, Scheduler, SchedulerConfig  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -211,21 +212,6 @@ async def run_phase(
     )
 
 
-def engine_devices(device: str) -> list[str]:
-    """One engine per device, as `fern serve --device` picks them (auto: every visible GPU)."""
-    import torch
-
-    if "," in device:
-        return [d.strip() for d in device.split(",") if d.strip()]
-    if device in ("auto", "cuda"):
-        if torch.cuda.is_available():
-            return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-        if device == "cuda":
-            raise SystemExit("--device cuda: CUDA is not available on this machine")
-        return ["cpu"]
-    return [device]
-
-
 def resolve_model(model: str | None) -> tuple[str | None, str]:
     """The model directory, and a note on its weights for the JSON.
 
@@ -275,7 +261,10 @@ async def main_async(args: argparse.Namespace) -> dict:
 
     from core_engine.engine import Engine
 
-    devices = engine_devices(args.device)
+    try:
+        devices = engine_devices(args.device)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
     if args.engines:
         devices = devices[: args.engines]
     device_type = "cuda" if devices[0].startswith("cuda") else "cpu"
