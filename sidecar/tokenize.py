@@ -13,17 +13,25 @@ out over Rust threads, and large requests are cut into slices spread over severa
 Python worker threads, so tokenizing a bulk request never holds up the asyncio loop
 that feeds the GPU. Only a query-sized request (a few short texts) is tokenized on the
 loop itself, where it costs less than the thread hop would.
+
+BERT tokenizers (WordPiece behind a `BertNormalizer`: MiniLM, BGE, E5, GTE) normalize
+every text with control-character cleanup, CJK spacing, NFD accent stripping and
+lowercasing. On printable ASCII (0x20-0x7E) all but the lowercasing are the identity,
+yet they cost a third of a query's tokenization (128 tokens: 164 -> 109 us measured on
+the 2-core CI host). A batch of printable-ASCII texts therefore goes through a copy of
+the tokenizer whose normalizer only lowercases: same ids, less work.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, normalizers
 
 from core_engine.config import ModelSpec
 from sidecar.errors import invalid_argument
@@ -42,6 +50,17 @@ INLINE_CHARS = 2048
 def default_workers() -> int:
     """Tokenizer worker threads: a few, since each `encode_batch_fast` call fans out in Rust."""
     return max(2, min(8, os.cpu_count() or 2))
+
+
+def _ascii_twin(tokenizer: Tokenizer) -> Tokenizer | None:
+    """A copy of `tokenizer` that gives the same ids on printable-ASCII texts with less
+    normalization, or None when its normalizer is not a lowercasing BertNormalizer."""
+    config = json.loads(tokenizer.to_str()).get("normalizer") or {}
+    if config.get("type") != "BertNormalizer" or not config.get("lowercase"):
+        return None
+    twin = Tokenizer.from_str(tokenizer.to_str())
+    twin.normalizer = normalizers.Lowercase()
+    return twin
 
 
 class TextTokenizer:
@@ -65,6 +84,9 @@ class TextTokenizer:
         self._truncating = Tokenizer.from_file(str(tokenizer_path))
         self._truncating.no_padding()
         self._truncating.enable_truncation(room)
+        # Lowercase-only twins for printable-ASCII batches (None: this tokenizer has no such twin).
+        self._full_ascii = _ascii_twin(self._full)
+        self._truncating_ascii = _ascii_twin(self._truncating)
         self.special_ids = frozenset(i for i, tok in self._full.get_added_tokens_decoder().items()
                                      if tok.special)
         self.vocab_size = self._full.get_vocab_size(with_added_tokens=True)
@@ -74,6 +96,9 @@ class TextTokenizer:
         self._fast = hasattr(self._full, "encode_batch_fast")
 
     def _batch(self, tokenizer: Tokenizer, texts: list[str], special: bool) -> list[list[int]]:
+        ascii_twin = self._truncating_ascii if tokenizer is self._truncating else self._full_ascii
+        if ascii_twin is not None and all(t.isascii() and t.isprintable() for t in texts):
+            tokenizer = ascii_twin
         encode = tokenizer.encode_batch_fast if self._fast else tokenizer.encode_batch
         return [e.ids for e in encode(texts, add_special_tokens=special)]
 

@@ -104,3 +104,31 @@ def test_query_sized_requests_give_the_same_ids_and_errors_inline(spec, tok):
             asyncio.run(tiny.encode_async(["ok", "word " * 10], truncate=False))
     finally:
         tiny.close()
+
+
+def test_printable_ascii_fast_path_gives_the_full_normalizers_ids(spec, tok):
+    # MiniLM's BertNormalizer has a lowercase-only twin for printable-ASCII batches; it must
+    # give exactly the ids of the shipped normalizer (clean-up, CJK, NFD accent stripping).
+    import random
+    import string
+
+    from tokenizers import Tokenizer
+
+    assert tok._truncating_ascii is not None  # the fast path exists for this model
+    reference = Tokenizer.from_file(str(spec.tokenizer_path))
+    reference.no_padding()
+    reference.no_truncation()
+    rng = random.Random(7)
+    printable = string.printable[:95]  # 0x20-0x7E, upper case, digits and punctuation included
+    texts = ["".join(rng.choice(printable) for _ in range(rng.randint(1, 1500))) for _ in range(400)]
+    full = [e.ids for e in reference.encode_batch(texts)]
+    assert tok.encode_plain(texts) == [e.ids for e in reference.encode_batch(texts, add_special_tokens=False)]
+    assert tok.encode(texts) == [ids if len(ids) <= spec.max_tokens else ids[:spec.max_tokens - 1] + [ids[-1]]
+                                 for ids in full]
+    assert any(len(ids) > spec.max_tokens for ids in full)  # truncation was exercised too
+    # Text the twin must not see (accents, CJK, control characters, tabs) still matches.
+    others = ["Café ÉLAN", "中文 text", "bell\x07here", "tab\tand\nnewline", "ＦＵＬＬ width"]
+    for text in others:
+        assert tok.encode([text, "plain ascii"]) == [reference.encode(text).ids,
+                                                     reference.encode("plain ascii").ids]
+        assert tok.encode([text]) == [reference.encode(text).ids]
