@@ -118,17 +118,32 @@ def _worker(args: argparse.Namespace) -> int:
     progress = {"auto": sys.stderr.isatty(), "on": True, "off": False}[args.progress]
     config = WorkerConfig(dsn=args.dsn, target=args.target, batch_size=args.batch_size,
                           progress=progress)
+    import time
+
+    import psycopg
+
     worker = Worker(config)
     try:
-        worker.run(until_empty=args.once)
+        while True:
+            try:
+                worker.run(until_empty=args.once)
+                return 0
+            except psycopg.OperationalError as err:
+                if args.once:
+                    raise
+                # The database restarted or the network blinked: claims of the lost
+                # connections are free again; reconnect and go on.
+                print(f"fern pg worker: database connection lost ({err}); reconnecting in 2 s",
+                      file=sys.stderr)
+                time.sleep(2.0)
     except KeyboardInterrupt:
         worker.stop()
+        return 0
     except SchemaMissing as err:
         print(f"fern pg worker: {err}", file=sys.stderr)
         return 2
     finally:
         worker.close()
-    return 0
 
 
 def _status(args: argparse.Namespace) -> int:

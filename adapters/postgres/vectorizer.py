@@ -402,7 +402,13 @@ def create_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str],
     at the model's limit by the sidecar) or "split" (a chunk table `<table>_<target>_chunks`
     with one vector per chunk of `chunk_tokens` tokens overlapping by `chunk_overlap`).
     The model's name, dimension and limit come from the sidecar (`client`, a FernClient).
-    Runs in one transaction: either everything is in place, or nothing changed.
+    Runs in one transaction: either everything is in place, or nothing changed. It holds a
+    SHARE ROW EXCLUSIVE lock on the table (reads go on, writes wait) while it adds the
+    column and builds the HNSW index, which is instant: the column is still empty and
+    vectors enter the index as the workers write them. `hybrid` adds a stored generated
+    tsvector column, which rewrites the table under an exclusive lock: on a large busy
+    table, add that column (and its GIN index, CONCURRENTLY) beforehand and pass its name
+    as `tsv_column`.
     """
     if chunking not in ("truncate", "split"):
         raise VectorizerError(f"chunking must be 'truncate' or 'split', got {chunking!r}")
