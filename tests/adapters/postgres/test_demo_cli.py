@@ -60,3 +60,31 @@ def test_worker_on_a_database_without_the_schema_says_what_to_do(pg_db, pg_targe
                          timeout=120)
     assert out.returncode == 2
     assert "fern pg install" in out.stderr
+
+
+def test_worker_inside_fern_serve(pg_db, sidecar_factory):
+    """`fern serve --pg-worker-dsn DSN` runs the worker beside the sidecar."""
+    import time
+
+    from sidecar.client import FernClient
+
+    from adapters.postgres.installer import install
+    from adapters.postgres.vectorizer import create_vectorizer
+
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        install(conn)
+        conn.execute("CREATE TABLE tips (id int PRIMARY KEY, body text)")
+        side = sidecar_factory("--pg-worker-dsn", pg_db)
+        with FernClient(side.target) as fern:
+            create_vectorizer(conn, "tips", ["body"], client=fern)
+            conn.execute("INSERT INTO tips VALUES (1, 'water the ferns on Sundays')")
+            deadline = time.monotonic() + 60
+            while conn.execute("SELECT embedding IS NULL FROM tips").fetchone()[0]:
+                assert time.monotonic() < deadline, "the sidecar's worker wrote no vector"
+                time.sleep(0.05)
+            from pgvector.psycopg import register_vector
+
+            register_vector(conn)
+            _, vec = fetch_vectors(conn, "SELECT id, embedding FROM tips")
+            ref = fern.embed(["water the ferns on Sundays"], prompt="passage").vectors
+        assert cosines(vec, ref)[0] >= 0.99999
