@@ -398,9 +398,10 @@ def create_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str],
 
     `source` is a template ("{title}\\n\\n{body}") when a string, else a list of column
     names joined by blank lines. `prompt` is the prompt name documents are embedded with
-    ("passage": the model's passage/document prompt where it has one, else none). `chunking` is "truncate" (one vector per row, the text cut
-    at the model's limit by the sidecar) or "split" (a chunk table `<table>_<target>_chunks`
-    with one vector per chunk of `chunk_tokens` tokens overlapping by `chunk_overlap`).
+    ("passage": the model's passage/document prompt where it has one, else none).
+    `chunking` is "truncate" (one vector per row, the text cut at the model's limit by the
+    sidecar) or "split" (a chunk table `<table>_<target>_chunks` with one vector per chunk
+    of `chunk_tokens` tokens overlapping by `chunk_overlap`; see chunking.py).
     The model's name, dimension and limit come from the sidecar (`client`, a FernClient).
     Runs in one transaction: either everything is in place, or nothing changed. It holds a
     SHARE ROW EXCLUSIVE lock on the table (reads go on, writes wait) while it adds the
