@@ -21,6 +21,15 @@ round trip minus the engine time spent on that very request in the server, split
     respond     -> handler returns (response message built)
     grpc_out    handler return -> client has decoded the response
 
+Wall-clock stages on a loaded machine mostly show how long sleeping threads take to wake
+(each stage is 3-10x its warm cost on the 2-core CI box). The sidecar's own work is
+better seen as CPU time: `sidecar_cpu` is the sidecar process's CPU time (all threads:
+gRPC, event loop, scheduler) from one Embed call's start to the next one's, minus the
+engine calls' own thread CPU time, per request; `loop_cpu` the event loop thread's
+CPU time per request (gRPC aio's Python side, gateway, tokenization, scheduler calls),
+to be read beside `bare_loop_cpu`, the same for the bare server. `bare_grpc` is the floor: a round trip
+to an aio server (own process) whose Embed returns a ready response of the same size.
+
 The checkpoint wrappers cost a few microseconds each (measured: `wrapper_ns`).
 Results go to benchmarks/results/overhead-<device>.json with the command, machine and date.
 """
@@ -54,7 +63,7 @@ class Trace:
     """Checkpoints of every Embed call and every engine call, in the order they happened."""
 
     calls: list[dict[str, int]] = field(default_factory=list)
-    engine: list[tuple[int, int]] = field(default_factory=list)  # (prepare start, result end)
+    engine: list[tuple[int, int, int]] = field(default_factory=list)  # (prepare start, result end, CPU ns)
 
 
 def _instrument(sidecar, trace: Trace) -> None:
@@ -69,6 +78,8 @@ def _instrument(sidecar, trace: Trace) -> None:
     async def embed(request, context):
         current.clear()
         current["handler"] = clock()
+        current["cpu"] = time.process_time_ns()
+        current["loop_cpu"] = time.thread_time_ns()
         try:
             return await handler(request, context)
         finally:
@@ -109,17 +120,21 @@ def _instrument(sidecar, trace: Trace) -> None:
 
 
 def _instrument_engine(engine, trace: Trace) -> None:
-    clock = time.perf_counter_ns
+    clock, cpu = time.perf_counter_ns, time.thread_time_ns
     prepare, step = engine.prepare, engine.step
 
     def timed_prepare(sequences):
-        started = clock()
+        started, cpu0 = clock(), cpu()
         batch = prepare(sequences)
         batch._fern_started = started
+        batch._fern_cpu = cpu() - cpu0
         return batch
 
     def timed_step(batch):
-        return _TimedHandle(step(batch), getattr(batch, "_fern_started", clock()), trace)
+        cpu0 = cpu()
+        handle = step(batch)
+        used = getattr(batch, "_fern_cpu", 0) + cpu() - cpu0
+        return _TimedHandle(handle, getattr(batch, "_fern_started", clock()), used, trace)
 
     engine.prepare, engine.step = timed_prepare, timed_step
 
@@ -127,20 +142,24 @@ def _instrument_engine(engine, trace: Trace) -> None:
 class _TimedHandle:
     """An engine handle that records (prepare start, result end) when its result is taken."""
 
-    def __init__(self, handle, started: int, trace: Trace) -> None:
-        self._handle, self._started, self._trace = handle, started, trace
+    def __init__(self, handle, started: int, cpu_ns: int, trace: Trace) -> None:
+        self._handle, self._started, self._cpu, self._trace = handle, started, cpu_ns, trace
 
     def done(self) -> bool:
         return self._handle.done()
 
     def result(self) -> np.ndarray:
+        cpu0 = time.thread_time_ns()
         rows = self._handle.result()
-        self._trace.engine.append((self._started, time.perf_counter_ns()))
+        self._trace.engine.append((self._started, time.perf_counter_ns(),
+                                   self._cpu + time.thread_time_ns() - cpu0))
         return rows
 
 
-async def _bare_server(port: int, dimensions: int):
-    """The gRPC floor: an aio server whose Embed returns a ready response of the same size."""
+async def _bare_server(port: int, dimensions: int, loop_cpu: list[int]):
+    """The gRPC floor: an aio server whose Embed returns a ready response of the same size.
+
+    `loop_cpu` gets the event loop thread's CPU time at each call's start."""
     import grpc.aio
 
     from sidecar.wire import embedder_pb2 as pb
@@ -150,6 +169,7 @@ async def _bare_server(port: int, dimensions: int):
 
     class Bare(pb_grpc.EmbedderServicer):
         async def Embed(self, request, context):
+            loop_cpu.append(time.thread_time_ns())
             return pb.EmbedResponse(model="bare", count=1, dimensions=dimensions, vectors=vectors,
                                     token_counts=[len(request.texts[0])])
 
@@ -161,25 +181,32 @@ async def _bare_server(port: int, dimensions: int):
 
 
 async def serve(args: argparse.Namespace) -> None:
-    """The sidecar of `fern serve` (one model, `--device`), instrumented; trace to --trace on SIGTERM."""
+    """The sidecar of `fern serve` (one model, `--device`), instrumented; trace to --trace on SIGTERM.
+
+    With --bare, only the bare gRPC floor server (its own process, so that the sidecar
+    process's CPU time counts the sidecar's requests alone)."""
     from sidecar.registry import ModelSource, Registry
     from sidecar.server import Sidecar
 
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    if args.bare:
+        loop_cpu: list[int] = []
+        bare = await _bare_server(args.port, args.dimensions, loop_cpu)
+        await stop.wait()
+        await bare.stop(0)
+        Path(args.trace).write_text(json.dumps({"loop_cpu": loop_cpu}))
+        return
     source = ModelSource(Path(args.model) if args.model else None)
     registry = await asyncio.to_thread(Registry.load, [source], device=args.device)
     sidecar = Sidecar(registry, host="127.0.0.1", port=args.port, token=args.token)
     trace = Trace()
     if not args.no_trace:
         _instrument(sidecar, trace)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
     await sidecar.start()
-    bare = await _bare_server(args.port + 1, sidecar.registry.specs()[0].dimensions)
-    print(f"overhead: serving on {sidecar.target}, bare gRPC on port {args.port + 1}",
-          file=sys.stderr, flush=True)
+    print(f"overhead: serving on {sidecar.target}", file=sys.stderr, flush=True)
     await stop.wait()
-    await bare.stop(0)
     await sidecar.stop(5.0)
     Path(args.trace).write_text(json.dumps({"calls": trace.calls, "engine": trace.engine}))
 
@@ -193,15 +220,17 @@ def _percentiles(samples_ns: list[int] | np.ndarray) -> dict[str, float]:
             "n": int(a.size)}
 
 
-def _start_server(args: argparse.Namespace, trace_path: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
+def _start_server(args: argparse.Namespace, trace_path: Path, log_path: Path, *,
+                  bare_dimensions: int = 0) -> tuple[subprocess.Popen, str]:
+    """The instrumented sidecar (or, with `bare_dimensions`, the bare floor) in a subprocess."""
     from benchmarks.server import free_port
-    from sidecar.client import FernClient
+    from sidecar.client import FernClient, FernError
 
     port = free_port()
-    while not _port_free(port + 1):
-        port = free_port()
     command = [sys.executable, "-m", "benchmarks.overhead", "--serve", "--port", str(port),
                "--trace", str(trace_path), "--device", args.device]
+    if bare_dimensions:
+        command += ["--bare", "--dimensions", str(bare_dimensions)]
     if args.model:
         command += ["--model", args.model]
     if args.token:
@@ -214,7 +243,16 @@ def _start_server(args: argparse.Namespace, trace_path: Path, log_path: Path) ->
     target = f"127.0.0.1:{port}"
     started = time.monotonic()
     with FernClient(target) as client:
-        while not client.health(timeout=1.0):
+        while True:
+            if bare_dimensions:
+                try:
+                    client.embed(["ready?"], timeout=1.0)
+                    break
+                except FernError:  # not listening yet
+                    time.sleep(0.1)
+                    continue
+            elif client.health(timeout=1.0):
+                break
             if process.poll() is not None:
                 raise RuntimeError(f"the sidecar exited with {process.returncode}; see {log_path}")
             if time.monotonic() - started > 300:
@@ -222,17 +260,6 @@ def _start_server(args: argparse.Namespace, trace_path: Path, log_path: Path) ->
                 raise TimeoutError(f"the sidecar was not SERVING after 300 s; see {log_path}")
             time.sleep(0.1)
     return process, target
-
-
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _wrapper_cost_ns() -> int:
@@ -259,17 +286,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     log_path = Path(f"/tmp/fern-overhead-sidecar-{os.getpid()}.log")
     engine = Engine(args.model, device=args.device)
     process, target = _start_server(args, trace_path, log_path)
+    bare_trace_path = trace_path.with_suffix(".bare.json")
+    bare_process, bare_target = _start_server(args, bare_trace_path, log_path.with_suffix(".bare.log"),
+                                              bare_dimensions=engine.spec.dimensions)
     clock = time.perf_counter_ns
     sends: list[tuple[int, int]] = []  # every client Embed call, warm-up included, in order
     plan: list[tuple[int, int]] = []  # (length, index into sends) of measured calls
     engine_ns: dict[int, list[int]] = {n: [] for n in args.lengths}
     e2e_ns: dict[int, list[int]] = {n: [] for n in args.lengths}
     bare_ns: dict[int, list[int]] = {n: [] for n in args.lengths}
+    bare_plan: list[tuple[int, int]] = []  # (length, index of the bare call, readiness probes excluded)
+    bare_calls = 0
     tokens: dict[int, int] = {}
     try:
-        host, port = target.rsplit(":", 1)
-        with FernClient(target, token=args.token) as client, \
-                FernClient(f"{host}:{int(port) + 1}") as bare:
+        with FernClient(target, token=args.token) as client, FernClient(bare_target) as bare:
             for length in args.lengths:
                 texts = make_texts(engine.spec.tokenizer_path, [length] * 8, seed=length)
                 ids = _ids(engine, texts)  # tokenized as the sidecar does
@@ -277,6 +307,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for i in range(args.warmup):
                     engine.embed([ids[i % 8]])
                     bare.embed([texts[i % 8]])
+                    bare_calls += 1
                     t0 = clock()
                     client.embed([texts[i % 8]])
                     sends.append((t0, clock()))
@@ -291,6 +322,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             t0 = clock()
                             bare.embed([texts[i % 8]])
                             bare_ns[length].append(clock() - t0)
+                            bare_plan.append((length, bare_calls))
+                            bare_calls += 1
                         else:
                             t0 = clock()
                             client.embed([texts[i % 8]])
@@ -299,9 +332,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             e2e_ns[length].append(t1 - t0)
                             plan.append((length, len(sends) - 1))
     finally:
-        process.send_signal(signal.SIGTERM)
+        for p in (process, bare_process):
+            p.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
+        bare_process.wait(timeout=60)
     trace = json.loads(trace_path.read_text()) if trace_path.exists() and not args.no_trace else None
+    bare_cpu = json.loads(bare_trace_path.read_text())["loop_cpu"]
     results: dict[str, Any] = {}
     for length in args.lengths:
         entry: dict[str, Any] = {
@@ -315,6 +351,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "e2e_minus_engine_p99_us": round((np.percentile(e2e_ns[length], 99)
                                               - np.percentile(engine_ns[length], 99)) / 1e3, 1),
         }
+        # The bare server saw readiness probes first: count from the end.
+        offset = len(bare_cpu) - bare_calls
+        cycles = [bare_cpu[offset + k + 1] - bare_cpu[offset + k] for n, k in bare_plan
+                  if n == length and offset + k + 1 < len(bare_cpu)]
+        entry["bare_loop_cpu"] = _percentiles(cycles)
         if trace is not None:
             entry.update(_stages(trace, sends, [k for n, k in plan if n == length]))
         results[str(length)] = entry
@@ -347,14 +388,14 @@ def _stages(trace: dict[str, Any], sends: list[tuple[int, int]], measured: list[
         return {"stages_error": f"{len(calls)} Embed calls traced, {len(sends)} sent"}
     stages: dict[str, list[int]] = {k: [] for k in (
         "grpc_in", "prepare", "hand_off", "engine", "hand_back", "finalize", "respond", "grpc_out",
-        "overhead")}
+        "overhead", "sidecar_cpu", "loop_cpu")}
     starts = np.array([e[0] for e in engine_calls], dtype=np.int64)
     for k in measured:
         (t0, t1), c = sends[k], calls[k]
         if not t0 <= c["handler"] <= c["handler_end"] <= t1:
             return {"stages_error": f"call {k} does not nest in its client call: clocks differ?"}
         j = int(np.searchsorted(starts, c["scheduled"]))
-        e0, e1 = engine_calls[j]
+        e0, e1, engine_cpu = engine_calls[j]
         stages["grpc_in"].append(c["handler"] - t0)
         stages["prepare"].append(c["prepared"] - c["handler"])
         stages["hand_off"].append(e0 - c["scheduled"])
@@ -364,6 +405,9 @@ def _stages(trace: dict[str, Any], sends: list[tuple[int, int]], measured: list[
         stages["respond"].append(c["handler_end"] - c["executed"])
         stages["grpc_out"].append(t1 - c["handler_end"])
         stages["overhead"].append((t1 - t0) - (e1 - e0))
+        if k + 1 < len(calls):  # the sidecar process's CPU from this call's start to the next's
+            stages["sidecar_cpu"].append(calls[k + 1]["cpu"] - c["cpu"] - engine_cpu)
+            stages["loop_cpu"].append(calls[k + 1]["loop_cpu"] - c["loop_cpu"])
     return {"stages": {k: _percentiles(v) for k, v in stages.items()}}
 
 
@@ -389,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--trace", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--dimensions", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
         asyncio.run(serve(args))
@@ -398,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: {"e2e_p50_us": v["e2e"]["p50_us"], "engine_p50_us": v["engine_here"]["p50_us"],
                           "diff_p50_us": v["e2e_minus_engine_p50_us"],
                           "bare_grpc_p50_us": v["bare_grpc"]["p50_us"],
+                          "bare_loop_cpu_p50_us": v["bare_loop_cpu"]["p50_us"],
                           "fern_over_floor_p50_us": v["e2e_minus_engine_minus_bare_p50_us"],
                           "stages_p50_us": {s: x["p50_us"] for s, x in v.get("stages", {}).items()}}
                       for k, v in result["lengths"].items()}, indent=1))
