@@ -5,10 +5,11 @@ NOTIFY, claims queue rows with `FOR UPDATE SKIP LOCKED` (recording its connectio
 pid, so the claims of a killed worker are free again the moment its connection is gone),
 streams the texts to the sidecar through EmbedStream (a backfill keeps the GPU full while
 the next batches are claimed), and, per batch, in one transaction: deletes the queue rows
-and writes every vector with one statement. That statement only writes a vector whose text
-hash still matches the row's current text (an UPDATE that landed meanwhile queued the row
-again), and only while the vectorizer's generation is the one the batch was embedded for
-(a model change swapped in between).
+and writes every vector with one statement (one UPDATE; in split mode, after locking the
+parents, one DELETE of their old chunks and one INSERT of the new ones). Only a vector whose
+text hash still matches the row's current text is written (an UPDATE that landed meanwhile
+queued the row again), and only while the vectorizer's generation is the one the batch was
+embedded for (a model change swapped in between).
 
 Transient sidecar errors (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ...) release
 the claims and retry with exponential backoff; inputs the sidecar rejects
