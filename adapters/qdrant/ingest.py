@@ -51,7 +51,8 @@ class IngestSummary:
 
     def __str__(self) -> str:
         return (f"ingested {self.rows:,} rows into {self.collection!r} in {self.seconds:.2f}s "
-                f"({self.rows_per_second:,.0f} rows/s, {self.requests:,} sidecar requests)")
+                f"({self.rows_per_second:,.0f} rows/s, {self.requests:,} sidecar "
+                f"request{'' if self.requests == 1 else 's'})")
 
 
 class IngestError(RuntimeError):
