@@ -162,7 +162,8 @@ def ingest(client: QdrantClient, fern: FernClient, collection: str, records: Ite
     payload: None for the whole record (a Mapping or a dataclass-like object's fields), a
     list of field names, a callable(record) -> dict, or False for none.
     progress: a status line on stderr; None shows it only when stderr is a terminal.
-    Raises IngestError (with rows_upserted) when the sidecar fails mid-way.
+    Raises IngestError (with rows_upserted) when the sidecar, Qdrant or the records fail
+    mid-way; running the same ingest again completes the collection.
     """
     if batch_size < 1 or max_in_flight < 1:
         raise ValueError(f"batch_size and max_in_flight must be >= 1, got {batch_size} and "
