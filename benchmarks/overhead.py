@@ -30,6 +30,10 @@ CPU time per request (gRPC aio's Python side, gateway, tokenization, scheduler c
 to be read beside `bare_loop_cpu`, the same for the bare server. `bare_grpc` is the floor: a round trip
 to an aio server (own process) whose Embed returns a ready response of the same size.
 
+After the interleaved part, each length also runs `--iters` engine calls, then bare
+calls, then sidecar calls back to back (`back_to_back`): the sidecar stays warm, as in
+`fern bench`'s latency part, which calls the sidecar back to back.
+
 The checkpoint wrappers cost a few microseconds each (measured: `wrapper_ns`).
 Results go to benchmarks/results/overhead-<device>.json with the command, machine and date.
 """
@@ -297,6 +301,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     bare_ns: dict[int, list[int]] = {n: [] for n in args.lengths}
     bare_plan: list[tuple[int, int]] = []  # (length, index of the bare call, readiness probes excluded)
     bare_calls = 0
+    # Back to back (no interleaving: the sidecar stays warm, as in `fern bench`'s latency part).
+    b2b: dict[int, dict[str, list[int]]] = {n: {"engine": [], "bare": [], "e2e": []} for n in args.lengths}
+    b2b_plan: list[tuple[int, int]] = []
     tokens: dict[int, int] = {}
     try:
         with FernClient(target, token=args.token) as client, FernClient(bare_target) as bare:
@@ -331,6 +338,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             sends.append((t0, t1))
                             e2e_ns[length].append(t1 - t0)
                             plan.append((length, len(sends) - 1))
+                for i in range(args.iters):
+                    t0 = clock()
+                    engine.embed([ids[i % 8]])
+                    b2b[length]["engine"].append(clock() - t0)
+                for i in range(args.iters):
+                    t0 = clock()
+                    bare.embed([texts[i % 8]])
+                    b2b[length]["bare"].append(clock() - t0)
+                    bare_calls += 1
+                for i in range(args.iters):
+                    t0 = clock()
+                    client.embed([texts[i % 8]])
+                    t1 = clock()
+                    sends.append((t0, t1))
+                    b2b[length]["e2e"].append(t1 - t0)
+                    b2b_plan.append((length, len(sends) - 1))
     finally:
         for p in (process, bare_process):
             p.send_signal(signal.SIGTERM)
@@ -358,6 +381,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         entry["bare_loop_cpu"] = _percentiles(cycles)
         if trace is not None:
             entry.update(_stages(trace, sends, [k for n, k in plan if n == length]))
+        warm = {k: _percentiles(v) for k, v in b2b[length].items()}
+        warm["e2e_minus_engine_p50_us"] = round((np.median(b2b[length]["e2e"])
+                                                 - np.median(b2b[length]["engine"])) / 1e3, 1)
+        if trace is not None:
+            warm.update(_stages(trace, sends, [k for n, k in b2b_plan if n == length]))
+        entry["back_to_back"] = warm
         results[str(length)] = entry
     return {
         "command": " ".join(["python -m benchmarks.overhead", *sys.argv[1:]]),
@@ -446,7 +475,13 @@ def main(argv: list[str] | None = None) -> int:
                           "bare_grpc_p50_us": v["bare_grpc"]["p50_us"],
                           "bare_loop_cpu_p50_us": v["bare_loop_cpu"]["p50_us"],
                           "fern_over_floor_p50_us": v["e2e_minus_engine_minus_bare_p50_us"],
-                          "stages_p50_us": {s: x["p50_us"] for s, x in v.get("stages", {}).items()}}
+                          "stages_p50_us": {s: x["p50_us"] for s, x in v.get("stages", {}).items()},
+                          "back_to_back_p50_us": {
+                              "e2e": v["back_to_back"]["e2e"]["p50_us"],
+                              "engine": v["back_to_back"]["engine"]["p50_us"],
+                              "bare": v["back_to_back"]["bare"]["p50_us"],
+                              "stages": {s: x["p50_us"]
+                                         for s, x in v["back_to_back"].get("stages", {}).items()}}}
                       for k, v in result["lengths"].items()}, indent=1))
     return 0
 
