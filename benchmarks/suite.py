@@ -90,7 +90,7 @@ PLANS = {
         st_batch_sizes=(128, 256, 512),
         step_tokens=16384,
         capture_model="bge-m3",
-        capture_windows=(30.0, 15.0),
+        capture_windows=(60.0, 20.0),  # the first minute of load, then after
         server_flags=("--max-step-tokens", "32768"),
     ),
     "cpu": Plan(
