@@ -13,7 +13,7 @@ Every name that comes from a user reaches SQL through `psycopg.sql.Identifier` (
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import psycopg
@@ -480,7 +480,7 @@ def create_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str],
             v = _from_row(cur.fetchone())
         _install_triggers(conn, v)
         queued = backfill(conn, v) if do_backfill else 0
-    return Vectorizer(**{**{k: getattr(v, k) for k in _COLUMNS}, "backfilled": queued})
+    return replace(v, backfilled=queued)
 
 
 def drop_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str],
@@ -562,7 +562,7 @@ def alter_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str], *, 
             shadow = _from_row(cur.fetchone())
         _install_triggers(conn, shadow)
         queued = backfill(conn, shadow)
-    return Vectorizer(**{**{k: getattr(shadow, k) for k in _COLUMNS}, "backfilled": queued})
+    return replace(shadow, backfilled=queued)
 
 
 def swap_if_ready(conn: psycopg.Connection, shadow: Vectorizer) -> bool:
