@@ -277,8 +277,8 @@ async def run_sidecar(args: argparse.Namespace,
         registry = await asyncio.to_thread(load_registry, args)
     except (ValueError, OSError) as error:  # a bad --model, --device, or knob: say which
         raise SystemExit(f"fern: {error}") from None
-    kwargs = {} if args.max_request_inputs is None else {"max_inputs": args.max_request_inputs}
-    sidecar = Sidecar(registry, host=args.host, port=args.port, token=args.token, **kwargs)
+    sidecar = Sidecar(registry, host=args.host, port=args.port, token=args.token,
+                      max_inputs=args.max_request_inputs)
     if args.pg_port is not None:
         from sidecar.pgwire import PgWireServer
 
