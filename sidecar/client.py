@@ -16,11 +16,11 @@ import grpc.aio
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sidecar.errors import INPUT_INDEX_KEY
 from sidecar.wire import embedder_pb2 as pb
 from sidecar.wire import embedder_pb2_grpc as pb_grpc
 
 DEFAULT_TARGET = "127.0.0.1:50051"
-INDEX_METADATA_KEY = "fern-input-index"
 # Vectors of a 100-text request at 4096 dims in float32 are ~1.6 MB; long requests more.
 _MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 _CHANNEL_OPTIONS = (
@@ -178,7 +178,7 @@ def _stream_result(resp: pb.EmbedResponse) -> StreamResult:
 def _index_from_metadata(err: grpc.RpcError) -> int | None:
     trailing = err.trailing_metadata() if callable(getattr(err, "trailing_metadata", None)) else None
     for key, value in trailing or ():
-        if key == INDEX_METADATA_KEY:
+        if key == INPUT_INDEX_KEY:
             return int(value)
     return None
 
