@@ -40,9 +40,12 @@ class SearchHit:
 
 
 def _embed_query(client, v: Vectorizer, text: str, prompt: str | None) -> np.ndarray:
-    from sidecar.client import FernClient
+    if client is None:
+        from sidecar.client import FernClient
 
-    client = client or FernClient()
+        # A client made here for one query is closed here, not left holding a gRPC channel.
+        with FernClient() as own:
+            return _embed_query(own, v, text, prompt)
     emb = client.embed([text], model=v.model, lane="online", prompt=prompt)
     return np.asarray(emb.vectors[0], dtype=np.float32)
 

@@ -370,11 +370,13 @@ def _ensure_tsvector(conn: psycopg.Connection, v_table: sql.Identifier, schema: 
 
 
 def _model_info(client, model: str):
+    if client is not None:
+        return client.model(model)
     from sidecar.client import FernClient
 
-    if client is None:
-        client = FernClient()
-    return client.model(model)
+    # A client made here for one call is closed here, not left holding a gRPC channel.
+    with FernClient() as own:
+        return own.model(model)
 
 
 def backfill(conn: psycopg.Connection, v: Vectorizer) -> int:
