@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -50,8 +49,8 @@ class AttentionShape:
 
 
 def attention_shape(spec: "ModelSpec") -> AttentionShape:
-    """Heads and head size from the model directory's config.json."""
-    config = json.loads((spec.path / "config.json").read_text())
+    """Heads and head size from the model's config.json (already parsed into ``spec.config``)."""
+    config = spec.config
     heads = int(config["num_attention_heads"])
     head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
     return AttentionShape(heads, int(config.get("num_key_value_heads") or heads), head_dim)
