@@ -73,31 +73,36 @@ class PreparedBatch:
 
     @property
     def input_ids(self) -> torch.Tensor:
-        return self.packed[: self.key.tokens]
+        return _regions(self.packed, self.key)[0]
 
     @property
     def positions(self) -> torch.Tensor:
-        t = self.key.tokens
-        return self.packed[t: 2 * t]
+        return _regions(self.packed, self.key)[1]
 
     @property
     def seq_ids(self) -> torch.Tensor:
-        t = self.key.tokens
-        return self.packed[2 * t: 3 * t]
+        return _regions(self.packed, self.key)[2]
 
     @property
     def cu_seqlens(self) -> torch.Tensor:
-        t, s = self.key.tokens, self.key.slots
-        return self.packed[3 * t: 3 * t + s + 1]
+        return _regions(self.packed, self.key)[3]
 
     @property
     def seq_lens(self) -> torch.Tensor:
-        t, s = self.key.tokens, self.key.slots
-        return self.packed[3 * t + s + 1: 3 * t + 2 * s + 1]
+        return _regions(self.packed, self.key)[4]
 
 
-def _packed_size(key: GraphKey) -> int:
-    return 3 * key.tokens + 2 * key.slots + 1
+def _packed_size(tokens: int, slots: int) -> int:
+    return 3 * tokens + 2 * slots + 1
+
+
+def _regions(buf: torch.Tensor | np.ndarray, key: GraphKey) -> tuple:
+    """input_ids, positions, seq_ids, cu_seqlens, seq_lens: views into a packed buffer (torch or numpy).
+
+    The one place the layout of PreparedBatch.packed is written down in code.
+    """
+    t, s = key.tokens, key.slots
+    return buf[:t], buf[t: 2 * t], buf[2 * t: 3 * t], buf[3 * t: 3 * t + s + 1], buf[3 * t + s + 1: 3 * t + 2 * s + 1]
 
 
 class Engine:
@@ -164,9 +169,8 @@ class Engine:
         self._static: torch.Tensor | None = None
         if self._cuda:
             self.graphs = GraphCache(self.policy, self.device, on_evict=self.attention.release)
-            most = self.buckets.tokens(max_step_tokens)
-            self._static = torch.zeros(3 * most + 2 * self.buckets.slots(max_step_tokens) + 1,
-                                       dtype=torch.int64, device=self.device)
+            size = _packed_size(self.buckets.tokens(max_step_tokens), self.buckets.slots(max_step_tokens))
+            self._static = torch.zeros(size, dtype=torch.int64, device=self.device)
             if self.compiled:
                 try:
                     self._compile_warmup()
@@ -197,10 +201,8 @@ class Engine:
         else:
             key = GraphKey(tokens=total, slots=num_seqs, max_seqlen=int(lengths.max()))
         tokens, slots = key.tokens, key.slots
-        packed = torch.empty(_packed_size(key), dtype=torch.int64, pin_memory=self._cuda)
-        flat = packed.numpy()
-        ids, pos, sid = flat[:tokens], flat[tokens: 2 * tokens], flat[2 * tokens: 3 * tokens]
-        cu = flat[3 * tokens: 3 * tokens + slots + 1]
+        packed = torch.empty(_packed_size(tokens, slots), dtype=torch.int64, pin_memory=self._cuda)
+        ids, pos, sid, cu, lens = _regions(packed.numpy(), key)
         ids[:total] = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=total)
         cu[0] = 0
         np.cumsum(lengths, out=cu[1: num_seqs + 1])
@@ -216,23 +218,23 @@ class Engine:
             ids[total:] = 0
             pos[total:] = np.arange(pad, dtype=np.int64)
             sid[total:] = slots - 1
-        flat[3 * tokens + slots + 1:] = np.diff(cu)
+        lens[:] = np.diff(cu)
         return PreparedBatch(packed=packed, key=key, num_seqs=num_seqs, num_tokens=total,
                              cu_seqlens_cpu=torch.from_numpy(cu.astype(np.int32)))
 
     # -- device side ----------------------------------------------------------------------
 
     def _forward_on(self, buf: torch.Tensor, key: GraphKey, cu_cpu: torch.Tensor) -> torch.Tensor:
-        t, s = key.tokens, key.slots
+        input_ids, positions, seq_ids, cu_seqlens, seq_lens = _regions(buf, key)
         meta = AttentionMetadata(
-            cu_seqlens=buf[3 * t: 3 * t + s + 1].to(torch.int32),
+            cu_seqlens=cu_seqlens.to(torch.int32),
             max_seqlen=key.max_seqlen,
-            seq_ids=buf[2 * t: 3 * t],
-            seq_lens=buf[3 * t + s + 1: 3 * t + 2 * s + 1],
+            seq_ids=seq_ids,
+            seq_lens=seq_lens,
             causal=self.spec.causal,
             cu_seqlens_cpu=cu_cpu,
         )
-        return self._forward_model(buf[:t], buf[t: 2 * t], meta)
+        return self._forward_model(input_ids, positions, meta)
 
     @torch.inference_mode()
     def step(self, batch: PreparedBatch) -> EmbeddingHandle:
