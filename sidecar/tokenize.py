@@ -80,10 +80,11 @@ class TextTokenizer:
         self._full.no_padding()
         self._full.no_truncation()
         self.eos_id = eos_id
-        room = self.max_tokens - (1 if self.eos_id is not None else 0)
+        # Tokens the tokenizer itself may produce: one fewer when EOS is appended here.
+        self._room = self.max_tokens - (1 if self.eos_id is not None else 0)
         self._truncating = Tokenizer.from_file(str(tokenizer_path))
         self._truncating.no_padding()
-        self._truncating.enable_truncation(room)
+        self._truncating.enable_truncation(self._room)
         # Lowercase-only twins for printable-ASCII batches (None: this tokenizer has no such twin).
         self._full_ascii = _ascii_twin(self._full)
         self._truncating_ascii = _ascii_twin(self._truncating)
@@ -115,9 +116,8 @@ class TextTokenizer:
             seqs = self._batch(self._truncating, list(texts), True)
         else:
             seqs = self._batch(self._full, list(texts), True)
-            limit = self.max_tokens - (1 if self.eos_id is not None else 0)
             for i, ids in enumerate(seqs):
-                if len(ids) > limit:
+                if len(ids) > self._room:
                     count = len(ids) + (1 if self.eos_id is not None else 0)
                     raise invalid_argument(
                         f"{field}[{offset + i}]: {count} tokens exceeds the model's limit of "
