@@ -10,7 +10,6 @@ migrations through `apply_migrations`.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -84,13 +83,10 @@ def install(conn: psycopg.Connection, *, sql_endpoint: str | None = None,
     """
     applied = apply_migrations(conn, bundled_migrations())
     if sql_endpoint:
-        if importlib.util.find_spec("adapters.postgres.embed_function") is None:
-            raise RuntimeError("--sql-endpoint needs adapters/postgres/embed_function.py, "
-                               "which this installation does not have")
         from adapters.postgres import embed_function
 
-        applied += list(embed_function.install(conn, endpoint=sql_endpoint,
-                                               password=sql_endpoint_password) or [])
+        applied += embed_function.install(conn, endpoint=sql_endpoint,
+                                          password=sql_endpoint_password)
     return applied
 
 
