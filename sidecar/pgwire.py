@@ -287,8 +287,12 @@ class ScramExchange:
 # ---- the server ---------------------------------------------------------------------------
 
 
-def _canonical_encoding(name: str) -> str:
-    return name.replace("-", "").replace("_", "").upper()
+def _check_client_encoding(encoding: str, error: type[ProtocolError] | type[SqlError]) -> None:
+    """Refuse a client_encoding other than UTF8 (any spelling), with `error`: FATAL at
+    startup (ProtocolError), a plain ERROR for SET (SqlError)."""
+    if encoding.replace("-", "").replace("_", "").upper() not in ("UTF8", "UNICODE", "SQLASCII"):
+        raise error("22023", f'invalid value for parameter "client_encoding": "{encoding}" '
+                    "(Fern speaks UTF8)")
 
 
 @dataclass
@@ -426,10 +430,7 @@ class PgWireServer:
         if not user:
             raise ProtocolError(INVALID_AUTHORIZATION, "no PostgreSQL user name specified in "
                                 "startup packet")
-        encoding = params.get("client_encoding", "UTF8")
-        if _canonical_encoding(encoding) not in ("UTF8", "UNICODE", "SQLASCII"):
-            raise ProtocolError("22023", f'invalid value for parameter "client_encoding": '
-                                f'"{encoding}" (Fern speaks UTF8)')
+        _check_client_encoding(params.get("client_encoding", "UTF8"), ProtocolError)
         if len(self._sessions) >= self.max_connections:
             raise ProtocolError(TOO_MANY_CONNECTIONS, "sorry, too many clients already")
 
@@ -657,10 +658,7 @@ class PgWireServer:
         name = stmt.name.lower()
         tag = command_complete("RESET" if stmt.reset else "SET")
         if name == "client_encoding":
-            value = stmt.value or "UTF8"
-            if _canonical_encoding(value) not in ("UTF8", "UNICODE", "SQLASCII"):
-                raise SqlError("22023", f'invalid value for parameter "client_encoding": '
-                               f'"{value}" (Fern speaks UTF8)')
+            _check_client_encoding(stmt.value or "UTF8", SqlError)
             return tag
         if name == "standard_conforming_strings":
             value = (stmt.value or "on").lower()
