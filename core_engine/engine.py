@@ -281,12 +281,9 @@ class Engine:
             batch = self.prepare(seqs)
             with torch.inference_mode(), torch.cuda.device(self.device):
                 for name in self.attention.candidates:
-                    self.attention.choices = {"small": name, "large": name}
-                    self.attention.activate(batch.key)
+                    self.attention.activate(batch.key, name)
                     self.attention.plan(batch.key, batch.cu_seqlens_cpu, for_graph=False)
                     self._forward_on(batch.packed.to(self.device), batch.key, batch.cu_seqlens_cpu)
-        first = next(iter(self.attention.candidates)) if not self.attention.forced else self.attention.forced
-        self.attention.choices = {"small": first, "large": first}
         torch.cuda.synchronize(self.device)
         self.compile_seconds = time.perf_counter() - started
         log.info("compiled %s in %.1f s", self.spec.name, self.compile_seconds)
