@@ -594,7 +594,8 @@ class PgWireServer:
         if len(formats) not in (0, 1, len(values)) or any(f not in (0, 1) for f in formats):
             raise SqlError(PROTOCOL_VIOLATION, "bind message has invalid parameter format codes")
         # A text parameter's binary form is its UTF-8 bytes too, so both formats read alike.
-        params = [None if v is None else _decode_param(v, i) for i, v in enumerate(values)]
+        params = [None if v is None else _utf8(v, f" (parameter ${i + 1})")
+                  for i, v in enumerate(values)]
         stmt = self._parse_sql(session, prepared.sql, params)
         columns = _columns(stmt)
         binary = _result_binary(result_formats, len(columns))
@@ -775,11 +776,7 @@ class _Cursor:
         if end < 0:
             raise ProtocolError(PROTOCOL_VIOLATION, "invalid string in message")
         raw, self.i = self.body[self.i:end], end + 1
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise SqlError("22021", 'invalid byte sequence for encoding "UTF8": '
-                           f"0x{raw[exc.start]:02x}") from None
+        return _utf8(raw)
 
 
 # Extended-query messages and the methods that answer them.
@@ -806,21 +803,21 @@ def _message_string(body: bytes) -> str:
     """A Query message's one string: NUL-terminated, no NUL inside, UTF-8."""
     if not body.endswith(b"\0") or b"\0" in body[:-1]:
         raise SqlError(PROTOCOL_VIOLATION, "invalid string in message: the query holds a NUL byte")
-    try:
-        return body[:-1].decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SqlError("22021", 'invalid byte sequence for encoding "UTF8": '
-                       f"0x{body[exc.start]:02x}") from None
+    return _utf8(body[:-1])
 
 
-def _decode_param(value: bytes, index: int) -> str:
-    if b"\0" in value:
-        raise SqlError("22021", f'invalid byte sequence for encoding "UTF8": 0x00 (parameter ${index + 1})')
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SqlError("22021", f'invalid byte sequence for encoding "UTF8": '
-                       f"0x{value[exc.start]:02x} (parameter ${index + 1})") from None
+def _utf8(raw: bytes, where: str = "") -> str:
+    """Text from the client, which PostgreSQL requires to be UTF-8 without NUL; the error
+    names the first bad byte, and `where` which input held it."""
+    if b"\0" in raw:
+        bad = 0
+    else:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            bad = raw[exc.start]
+    raise SqlError(sqlliteral.CHARACTER_NOT_IN_REPERTOIRE,
+                   f'invalid byte sequence for encoding "UTF8": 0x{bad:02x}{where}')
 
 
 def _columns(stmt: sqlliteral.Statement) -> list[tuple[str, int]]:
