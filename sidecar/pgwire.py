@@ -310,6 +310,11 @@ class _Session:
     statements: dict[str, "_Prepared"] = field(default_factory=dict)   # extended protocol
     portals: dict[str, "_Portal"] = field(default_factory=dict)
 
+    @property
+    def standard_conforming_strings(self) -> bool:
+        """How the session's SQL reads backslashes in '...' (SET standard_conforming_strings)."""
+        return self.settings["standard_conforming_strings"] == "on"
+
 
 class PgWireServer:
     """`await PgWireServer(gateway, "127.0.0.1", 5433, token).start()`; `.port` is the bound port.
@@ -559,8 +564,8 @@ class PgWireServer:
 
     def _parse_sql(self, session: _Session, sql: str,
                    params: list[str | None] | None = None) -> sqlliteral.Statement:
-        scs = session.settings["standard_conforming_strings"] == "on"
-        return sqlliteral.parse(sql, standard_conforming_strings=scs, params=params)
+        return sqlliteral.parse(sql, standard_conforming_strings=session.standard_conforming_strings,
+                                params=params)
 
     async def _simple_query(self, session: _Session, body: bytes) -> bytes:
         sql = _message_string(body)
@@ -573,8 +578,8 @@ class PgWireServer:
         types = [cursor.int32() for _ in range(cursor.int16())]
         if name and name in session.statements:
             raise SqlError("42P05", f'prepared statement "{name}" already exists')
-        scs = session.settings["standard_conforming_strings"] == "on"
-        count = sqlliteral.count_params(sql, standard_conforming_strings=scs)
+        count = sqlliteral.count_params(
+            sql, standard_conforming_strings=session.standard_conforming_strings)
         session.statements[name] = _Prepared(sql, max(count, len(types)))
         return message(b"1")
 
