@@ -135,6 +135,11 @@ class _Progress:
             sys.stderr.write("\n")
 
 
+def _key_id(key: list) -> str:
+    """A row key as a hashable string: the same key from fern.queue or from the table compares equal."""
+    return json.dumps(key, sort_keys=True)
+
+
 class Worker:
     """One worker process's loop; `run()` blocks, `stop()` (from any thread) ends it."""
 
@@ -333,7 +338,7 @@ class Worker:
             return None
         by_key: dict[str, _Item] = {}
         for qid, key, present, text, text_hash in rows:
-            k = json.dumps(key, sort_keys=True)
+            k = _key_id(key)
             if k in by_key:
                 by_key[k].queue_ids.append(qid)
             else:
@@ -431,16 +436,14 @@ class Worker:
     def _write_rows(self, conn: psycopg.Connection, batch: _Batch, present: list[_Item],
                     vectors: np.ndarray | None) -> int:
         v = batch.vectorizer
-        by_item: dict[int, np.ndarray] = {}
-        if vectors is not None:
-            for i, n in enumerate(batch.owner):
-                by_item[n] = vectors[i]
-        index = {id(it): n for n, it in enumerate(batch.items)}
-        keys = [json.dumps(it.key) for it in present]
-        hashes = [it.text_hash for it in present]
-        vecs = [by_item.get(index[id(it)]) for it in present]
         if not present:
             return 0
+        # One text per row here, so owner maps each vector to its item; rows that sent no
+        # text (blank) get NULL.
+        by_item = {} if vectors is None else dict(zip(batch.owner, vectors))
+        keys = [json.dumps(it.key) for it in present]
+        hashes = [it.text_hash for it in present]
+        vecs = [by_item.get(n) for n, it in enumerate(batch.items) if it.present]
         cur = conn.execute(sql.SQL(
             """UPDATE {table} t SET {col} = u.v
                  FROM unnest(%s::jsonb[], %s::text[], %b::vector[]) AS u(k, h, v)
@@ -465,21 +468,24 @@ class Worker:
                 WHERE md5({text}) = u.h FOR NO KEY UPDATE OF t""").format(
             table=v.table, match=v.key_match_sql("t", sql.SQL("u.k")), text=v.text_sql("t")),
             (keys, hashes)).fetchall()
-        fresh = {json.dumps(r[0], sort_keys=True) for r in current}
+        fresh = {_key_id(r[0]) for r in current}
         if not fresh:
             return 0
-        fresh_keys = [k for k in keys if json.dumps(json.loads(k), sort_keys=True) in fresh]
+        # The key (as sent to SQL) of each item still fresh, by item index: once per row,
+        # not once per chunk.
+        fresh_keys = {n: json.dumps(it.key) for n, it in enumerate(batch.items)
+                      if it.present and _key_id(it.key) in fresh}
         conn.execute(sql.SQL("DELETE FROM {chunks} c USING unnest(%s::jsonb[]) AS u(k) "
                              "WHERE {match}").format(
-            chunks=v.chunks, match=v.key_match_sql("c", sql.SQL("u.k"))), (fresh_keys,))
+            chunks=v.chunks, match=v.key_match_sql("c", sql.SQL("u.k"))),
+            (list(fresh_keys.values()),))
         if vectors is not None and len(batch.texts):
             c_keys, c_idx, c_text, c_vec = [], [], [], []
             next_index: dict[int, int] = {}
             for i, n in enumerate(batch.owner):
-                item = batch.items[n]
-                if json.dumps(item.key, sort_keys=True) not in fresh:
+                if n not in fresh_keys:
                     continue
-                c_keys.append(json.dumps(item.key))
+                c_keys.append(fresh_keys[n])
                 c_idx.append(next_index.get(n, 0))
                 next_index[n] = next_index.get(n, 0) + 1
                 c_text.append(batch.texts[i])
