@@ -79,8 +79,6 @@ TINY: dict[str, Arch] = {
                                 fern=dict(causal=False, native_int8=True)),
 }
 
-_MODEL_TYPES = {"bert": "bert", "xlm-roberta": "xlm-roberta", "qwen3": "qwen3"}
-
 
 def tokenizer_dir() -> Path:
     """Where the BERT WordPiece tokenizer files come from: $FERN_TOKENIZER_DIR, else the bundled MiniLM."""
