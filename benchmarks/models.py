@@ -143,10 +143,10 @@ def build_random_model(arch: Arch | str, out_dir: str | Path, *, seed: int = 0,
         (out / "2_Normalize").mkdir(exist_ok=True)
     (out / "modules.json").write_text(json.dumps(modules, indent=2))
     (out / "1_Pooling").mkdir(exist_ok=True)
-    pooling = {f"pooling_mode_{m}": arch.pooling == m for m in
+    # Arch.pooling is Fern's "cls" / "mean" or sentence-transformers' "lasttoken"; the flags use ST's names.
+    mode = {"cls": "cls_token", "mean": "mean_tokens"}.get(arch.pooling, arch.pooling)
+    pooling = {f"pooling_mode_{m}": m == mode for m in
                ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")}
-    pooling["pooling_mode_cls_token"] = arch.pooling == "cls"
-    pooling["pooling_mode_mean_tokens"] = arch.pooling == "mean"
     pooling["word_embedding_dimension"] = arch.config["hidden_size"]
     (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
     (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": arch.max_seq_length}))
