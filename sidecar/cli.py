@@ -16,6 +16,11 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: the client verbs (embed, models) need neither
+    from sidecar.registry import Registry
+    from sidecar.scheduler import SchedulerConfig
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 50051
@@ -208,7 +213,7 @@ def _register(verbs: argparse._SubParsersAction, module: str) -> None:
 
 # ----------------------------------------------------------------------------- serve
 
-def _scheduler_config(args: argparse.Namespace) -> Callable[[str], object]:
+def _scheduler_config(args: argparse.Namespace) -> Callable[[str], SchedulerConfig]:
     from sidecar.scheduler import SchedulerConfig
 
     overrides = {field: getattr(args, field) for field in SCHEDULER_KNOBS.values()
@@ -216,7 +221,7 @@ def _scheduler_config(args: argparse.Namespace) -> Callable[[str], object]:
     return lambda device_type: SchedulerConfig.for_device(device_type, **overrides)
 
 
-def load_registry(args: argparse.Namespace):
+def load_registry(args: argparse.Namespace) -> Registry:
     """The served models from `--model`/`--device`/… (the bundled model by default)."""
     from sidecar.registry import ModelSource, Registry
 

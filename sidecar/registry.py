@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,7 +75,8 @@ class Registry:
 
     @classmethod
     def load(cls, sources: Sequence[ModelSource], *, device: str = "auto", dtype: str = "auto",
-             attention: str = "auto", cuda_graphs: bool = True, scheduler_config=None,
+             attention: str = "auto", cuda_graphs: bool = True,
+             scheduler_config: SchedulerConfig | Callable[[str], SchedulerConfig] | None = None,
              tokenizer_workers: int | None = None) -> "Registry":
         """Build engines (one per device) and a scheduler for every model source.
 
