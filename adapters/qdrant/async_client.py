@@ -15,7 +15,7 @@ from qdrant_client import AsyncQdrantClient, models
 
 from adapters.qdrant.client import QUERY_LANE, WRITE_LANE
 from adapters.qdrant.collection import CollectionLayout, layout_from_config
-from adapters.qdrant.search import check_search, query_arguments
+from adapters.qdrant.search import check_search, query_arguments, query_prompt
 from adapters.qdrant.documents import FERN_PREFIX, DocumentEmbedder, FernModels
 from sidecar.client import AsyncFernClient
 
@@ -93,8 +93,7 @@ class AsyncFernQdrantClient(AsyncQdrantClient):
         layout = await self._layout(collection_name, model)
         check_search(collection_name, text, k, hybrid, layout)
         if prompt is None:
-            info = await self.fern.model(layout.model)
-            prompt = "query" if "query" in info.prompts else None
+            prompt = query_prompt(await self.fern.model(layout.model))
         emb = await self.fern.embed([text], model=layout.model, lane=QUERY_LANE, prompt=prompt,
                                     sparse=hybrid)
         arguments = query_arguments(emb, layout, k, filter, hybrid, prefetch_limit, with_payload)

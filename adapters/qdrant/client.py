@@ -156,7 +156,7 @@ class FernQdrantClient(QdrantClient):
     def _query_prompt(self, model: str) -> str | None:
         if model not in self._model_info:
             self._model_info[model] = self.fern.model(model)
-        return "query" if "query" in self._model_info[model].prompts else None
+        return _search.query_prompt(self._model_info[model])
 
     def close(self, *args: Any, **kwargs: Any) -> None:
         super().close(*args, **kwargs)

@@ -7,7 +7,12 @@ from typing import Any
 from qdrant_client import QdrantClient, models
 
 from adapters.qdrant.collection import CollectionLayout
-from sidecar.client import Embeddings, FernClient
+from sidecar.client import Embeddings, FernClient, ModelInfo
+
+
+def query_prompt(info: ModelInfo) -> str | None:
+    """The prompt a search embeds its text with: the model's "query" prompt when it defines one."""
+    return "query" if "query" in info.prompts else None
 
 
 def check_search(collection: str, text: str, k: int, hybrid: bool,
