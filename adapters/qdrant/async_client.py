@@ -8,6 +8,7 @@ the blocking FernQdrantClient (ingest runs its own gRPC stream thread); `search`
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from itertools import islice
 from typing import Any
 
@@ -103,7 +104,7 @@ class AsyncFernQdrantClient(AsyncQdrantClient):
         config = (await self.get_collection(collection_name)).config
         layout = layout_from_config(collection_name, config)
         if model is not None:
-            layout = CollectionLayout(model=model, dense=layout.dense, sparse=layout.sparse)
+            layout = replace(layout, model=model)
         return layout
 
     async def close(self, *args: Any, **kwargs: Any) -> None:

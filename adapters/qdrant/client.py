@@ -15,6 +15,7 @@ qdrant-client unchanged and it embeds them as it always does (FastEmbed, cloud i
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from itertools import islice
 from typing import Any
 
@@ -150,7 +151,7 @@ class FernQdrantClient(QdrantClient):
     def _layout(self, collection_name: str, model: str | None) -> CollectionLayout:
         layout = _collection.collection_layout(self, collection_name)
         if model is not None:
-            layout = CollectionLayout(model=model, dense=layout.dense, sparse=layout.sparse)
+            layout = replace(layout, model=model)
         return layout
 
     def _query_prompt(self, model: str) -> str | None:
