@@ -205,7 +205,7 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             admitting = asyncio.Semaphore(self.stream_prefetch)
             responses: asyncio.Queue = asyncio.Queue()
             reading_over = object()
-            counts = {"read": 0, "written": 0}
+            read_count = written_count = 0
             stopped_by_drain = False
 
             async def answer(request: pb.EmbedRequest) -> None:
@@ -224,7 +224,7 @@ class EmbedderService(pb_grpc.EmbedderServicer):
                 responses.put_nowait(response)
 
             async def read(group: asyncio.TaskGroup) -> None:
-                nonlocal stopped_by_drain
+                nonlocal read_count, stopped_by_drain
                 iterator = aiter(request_iterator)
                 try:
                     while True:
@@ -234,7 +234,7 @@ class EmbedderService(pb_grpc.EmbedderServicer):
                         if request is None:
                             stopped_by_drain = self._draining.is_set()
                             return
-                        counts["read"] += 1
+                        read_count += 1
                         group.create_task(answer(request))
                 finally:
                     responses.put_nowait(reading_over)
@@ -242,13 +242,13 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             async with asyncio.TaskGroup() as group:
                 group.create_task(read(group))
                 reading = True
-                while reading or counts["written"] < counts["read"]:
+                while reading or written_count < read_count:
                     item = await responses.get()
                     if item is reading_over:
                         reading = False
                         continue
                     await context.write(item)
-                    counts["written"] += 1
+                    written_count += 1
                     window.release()
             if stopped_by_drain:
                 await _abort(context, unavailable(
