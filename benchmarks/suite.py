@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -414,18 +414,7 @@ def _encode_ids(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
 def _fern_texts_to_vectors(engine, tok: Tokenizer, chunks: list[list[str]], pool: ThreadPoolExecutor) -> int:
     """Tokenize (on the pool, ahead) and embed every chunk, one step each, pipelined; returns tokens."""
     futures = [pool.submit(_encode_ids, tok, c) for c in chunks]
-    tokens = 0
-    pending = None
-    for fut in futures:
-        seqs = fut.result()
-        tokens += sum(map(len, seqs))
-        handle = engine.step(engine.prepare(seqs))
-        if pending is not None:
-            pending.result()
-        pending = handle
-    if pending is not None:
-        pending.result()
-    return tokens
+    return _pipelined_once(engine, (fut.result() for fut in futures))
 
 
 def part_compare(ctx: Context) -> dict[str, Any]:
@@ -494,15 +483,19 @@ def part_compare(ctx: Context) -> dict[str, Any]:
     return out
 
 
-def _pipelined_once(engine, id_chunks: list[list[list[int]]]) -> None:
+def _pipelined_once(engine, id_chunks: Iterable[list[list[int]]]) -> int:
+    """Step every chunk once, preparing chunk N+1 while N runs; returns the tokens stepped."""
+    tokens = 0
     pending = None
     for seqs in id_chunks:
+        tokens += sum(map(len, seqs))
         handle = engine.step(engine.prepare(seqs))
         if pending is not None:
             pending.result()
         pending = handle
     if pending is not None:
         pending.result()
+    return tokens
 
 
 def _mixed_request(rng: random.Random, pool: list[str]) -> list[str]:
