@@ -37,6 +37,8 @@ CHUNK_TEXTS = 256
 # Prompt names every model accepts: where the model defines no such prompt, they add no text,
 # so callers (adapters) can always say what the input is without knowing the model.
 GENERIC_PROMPTS = ("query", "passage", "document")
+# UNAVAILABLE's message once the sidecar drains, whether the gateway or the scheduler saw it first.
+DRAINING = "the sidecar is draining for shutdown; retry on another replica"
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ class Gateway:
     async def prepare(self, params: EmbedParams) -> PreparedRequest:
         """Everything before the scheduler: validation, prompt template, tokenization."""
         if self.draining:
-            raise unavailable("the sidecar is draining for shutdown; retry on another replica")
+            raise unavailable(DRAINING)
         served = self.registry.get(params.model)
         spec = served.spec
         dimensions, normalize = self._check_options(params, spec)
@@ -270,11 +272,10 @@ class Gateway:
         return sequences
 
 
-
 def _scheduler_error(error: Exception, lane: Lane) -> EmbedError:
     """The status a caller sees for the scheduler's refusals."""
     if isinstance(error, QueueFull):
         return resource_exhausted(f"the {lane.name} lane's queue is full, retry with backoff ({error})")
     if isinstance(error, Draining):
-        return unavailable("the sidecar is draining for shutdown; retry on another replica")
+        return unavailable(DRAINING)
     return deadline_exceeded("the deadline passed before the request reached the GPU")
