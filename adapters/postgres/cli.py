@@ -21,7 +21,7 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
                        help="libpq connection string (env FERN_PG_DSN)")
 
     def target_arg(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--target", default=os.environ.get("FERN_TARGET", "127.0.0.1:50051"),
+        p.add_argument("--target", default=None,
                        help="the sidecar's gRPC address (env FERN_TARGET)")
 
     p = verbs.add_parser("install", help="create or upgrade the fern schema (idempotent)")

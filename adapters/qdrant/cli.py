@@ -40,7 +40,7 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
                         help="comma-separated fields to store as payload (default: the whole record)")
     ingest.add_argument("--model", default=os.environ.get("FERN_MODEL", ""),
                         help="sidecar model name (env FERN_MODEL; default: the sidecar's default)")
-    ingest.add_argument("--target", default=os.environ.get("FERN_TARGET", "127.0.0.1:50051"),
+    ingest.add_argument("--target", default=None,
                         help="sidecar address host:port (env FERN_TARGET)")
     ingest.add_argument("--qdrant", default=os.environ.get("FERN_QDRANT"),
                         help="Qdrant location: an http(s):// URL, ':memory:' or a local directory "
