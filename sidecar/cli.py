@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used: the client verbs (embed, models) need neither
@@ -200,15 +202,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _register(verbs: argparse._SubParsersAction, module: str) -> None:
     """Let an adapter or the benchmarks add their verb (they may not be installed)."""
-    import importlib
+    found = import_if_installed(module)
+    if found is not None:
+        found.register(verbs)
 
+
+def import_if_installed(module: str) -> ModuleType | None:
+    """`module`, or None when it or a package above it is not installed (a part of Fern
+    left out of this install); a missing dependency *inside* it is still raised."""
     try:
-        register = importlib.import_module(module).register
+        return importlib.import_module(module)
     except ModuleNotFoundError as error:
         if error.name and module.startswith(error.name):
-            return  # that part of Fern is not installed here
+            return None
         raise
-    register(verbs)
 
 
 # ----------------------------------------------------------------------------- serve

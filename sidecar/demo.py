@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import time
 from collections.abc import Sequence
+
+from sidecar.cli import import_if_installed
 
 # Demo name -> module with a `run(target: str)` function that shows the adapter end to end.
 DEMOS = {"postgres": "adapters.postgres.demo", "qdrant": "adapters.qdrant.demo"}
@@ -31,13 +32,10 @@ def run_demos(target: str, *, token: str | None = None,
     timings: dict[str, float] = {}
     for name in only or DEMOS:
         module_name = DEMOS[name]
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as error:
-            if error.name and module_name.startswith(error.name):
-                _say(f"fern demo: {name}: {module_name} is not available here, skipped")
-                continue
-            raise
+        module = import_if_installed(module_name)
+        if module is None:
+            _say(f"fern demo: {name}: {module_name} is not available here, skipped")
+            continue
         _say(f"\n=== fern demo: {name} (sidecar at {target}) ===")
         started = time.perf_counter()
         module.run(target)
