@@ -8,7 +8,7 @@ reciprocal rank fusion: score = sum over both lists of 1 / (rrf_k + rank).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import psycopg
@@ -17,6 +17,9 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from adapters.postgres.vectorizer import Vectorizer, VectorizerError, get_vectorizer
+
+if TYPE_CHECKING:
+    from sidecar.client import FernClient
 
 
 # websearch_to_tsquery ANDs the words; for the recall side of a hybrid search any word
@@ -39,7 +42,7 @@ class SearchHit:
     distance: float | None
 
 
-def _embed_query(client, v: Vectorizer, text: str, prompt: str | None) -> np.ndarray:
+def _embed_query(client: FernClient | None, v: Vectorizer, text: str, prompt: str | None) -> np.ndarray:
     if client is None:
         from sidecar.client import FernClient
 
@@ -62,9 +65,10 @@ def _output_columns(conn: psycopg.Connection, v: Vectorizer) -> list[str]:
     return [r[0] for r in rows]
 
 
-def search(conn: "psycopg.Connection | ConnectionPool", table: str | tuple[str, str], text: str, k: int = 10, *,
-           where: str | sql.Composable | None = None, params: Sequence[Any] = (),
-           hybrid: bool | None = None, client=None, target_column: str | None = None,
+def search(conn: psycopg.Connection | ConnectionPool, table: str | tuple[str, str], text: str,
+           k: int = 10, *, where: str | sql.Composable | None = None, params: Sequence[Any] = (),
+           hybrid: bool | None = None, client: FernClient | None = None,
+           target_column: str | None = None,
            prompt: str | None = "query", candidates: int | None = None,
            rrf_k: int = 60, text_match: str = "any") -> list[SearchHit]:
     """The `k` best rows of `table` for `text`.

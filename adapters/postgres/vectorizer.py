@@ -14,7 +14,7 @@ Every name that comes from a user reaches SQL through `psycopg.sql.Identifier` (
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import psycopg
 from psycopg import sql
@@ -23,6 +23,9 @@ from psycopg.rows import dict_row
 from adapters.postgres.installer import install, is_installed
 from adapters.postgres.template import (Template, parse_template, template_from_columns,
                                         text_expression)
+
+if TYPE_CHECKING:
+    from sidecar.client import FernClient, ModelInfo
 
 NOTIFY_CHANNEL = "fern_queue"
 _OPCLASS = {"cosine": "vector_cosine_ops", "dot": "vector_ip_ops"}
@@ -369,7 +372,7 @@ def _ensure_tsvector(conn: psycopg.Connection, v_table: sql.Identifier, schema: 
             sql.Identifier(tsv_column)))
 
 
-def _model_info(client, model: str):
+def _model_info(client: FernClient | None, model: str) -> ModelInfo:
     if client is not None:
         return client.model(model)
     from sidecar.client import FernClient
@@ -389,7 +392,7 @@ def backfill(conn: psycopg.Connection, v: Vectorizer) -> int:
 
 
 def create_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str],
-                      source: str | Sequence[str], *, client=None,
+                      source: str | Sequence[str], *, client: FernClient | None = None,
                       target_column: str = "embedding", model: str = "",
                       prompt: str | None = "passage", chunking: str = "truncate",
                       chunk_tokens: int | None = None, chunk_overlap: int = 32,
@@ -512,7 +515,7 @@ def _drop_target(conn: psycopg.Connection, v: Vectorizer) -> None:
 
 
 def alter_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str], *, model: str,
-                     client=None, target_column: str | None = None,
+                     client: FernClient | None = None, target_column: str | None = None,
                      prompt: str | None = None) -> Vectorizer:
     """Start a zero-downtime model change; returns the shadow vectorizer.
 

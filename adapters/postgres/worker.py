@@ -25,7 +25,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 import grpc
 import numpy as np
@@ -562,7 +562,7 @@ class Worker:
 class BackgroundWorker:
     """A Worker in a daemon thread, e.g. inside `fern serve --pg-worker-dsn DSN`."""
 
-    def __init__(self, dsn: str, target: str | None = None, **config):
+    def __init__(self, dsn: str, target: str | None = None, **config: Any):
         self.worker = Worker(WorkerConfig(dsn=dsn, target=target, **config))
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="fern-pg-worker", daemon=True)
@@ -592,6 +592,7 @@ class BackgroundWorker:
         self._thread.join(timeout)
 
 
-def start_background_worker(dsn: str, target: str | None = None, **config) -> BackgroundWorker:
+def start_background_worker(dsn: str, target: str | None = None,
+                            **config: Any) -> BackgroundWorker:
     """Start a worker thread; call `.stop()` on shutdown."""
     return BackgroundWorker(dsn, target, **config).start()
