@@ -58,6 +58,13 @@ class DeadlineExceeded(Exception):
     """The request's deadline passed before all its sequences ran (gRPC DEADLINE_EXCEEDED)."""
 
 
+def _deadline_passed(request: Request) -> DeadlineExceeded:
+    """The error of a request whose deadline passed before all its sequences were embedded."""
+    return DeadlineExceeded(
+        f"deadline passed with {request.remaining} of {request.size} sequences not embedded"
+    )
+
+
 class EngineLike(Protocol):
     """What the scheduler needs from an engine (core_engine.Engine or a test stand-in)."""
 
@@ -433,9 +440,7 @@ class Scheduler:
         self._cond.notify_all()
 
     def _expire(self, request: Request) -> None:
-        self._drop(request, DeadlineExceeded(
-            f"deadline passed with {request.remaining} of {request.size} sequences not embedded"
-        ))
+        self._drop(request, _deadline_passed(request))
 
     def _drop(self, request: Request, error: BaseException | None) -> None:
         """Cancel (error None) or expire a request: its queued sequences never reach an engine."""
@@ -641,9 +646,7 @@ class Scheduler:
             request.settled = True
             request.dropped = True
             self._counters[request.lane].expired += 1
-            outcomes.append((request, DeadlineExceeded(
-                f"deadline passed with {request.remaining} of {request.size} sequences not embedded"
-            )))
+            outcomes.append((request, _deadline_passed(request)))
         return outcomes
 
     def _revalidate(self, worker: _Worker, step: _Step, prepared: Any) -> tuple[_Step | None, Any]:
