@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel
 from qdrant_client import models
 
-from sidecar.client import AsyncFernClient, Embeddings, FernClient, FernError
+from sidecar.client import AsyncFernClient, Embeddings, FernClient, FernError, SparseVector
 
 FERN_PREFIX = "fern/"
 _OPTIONS = ("prompt", "normalize", "dimensions", "truncate", "sparse")
@@ -135,12 +135,15 @@ class DocumentPlan:
             row = self.groups[key].texts[doc.text]
             emb = results[key]
             if sparse:
-                vec = emb.sparse[row]
-                out[id(doc)] = models.SparseVector(indices=vec.indices.tolist(),
-                                                   values=vec.values.tolist())
+                out[id(doc)] = qdrant_sparse(emb.sparse[row])
             else:
                 out[id(doc)] = emb.vectors[row].astype("float32", copy=False).tolist()
         return out
+
+
+def qdrant_sparse(vector: SparseVector) -> models.SparseVector:
+    """A sidecar sparse vector as qdrant-client's SparseVector, with plain Python lists."""
+    return models.SparseVector(indices=vector.indices.tolist(), values=vector.values.tolist())
 
 
 def _call_options(key: EmbedKey, group: _Group, lane: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 from qdrant_client import QdrantClient, models
 
 from adapters.qdrant.collection import CollectionLayout
+from adapters.qdrant.documents import qdrant_sparse
 from adapters.qdrant.progress import Progress
 from sidecar.client import Embeddings, FernClient, FernError
 
@@ -221,9 +222,7 @@ def _record_error(err: FernError, chunk: _Chunk) -> str:
 def _batch(chunk: _Chunk, emb: Embeddings, layout: CollectionLayout) -> models.Batch:
     vectors: dict[str, list[Any]] = {layout.dense: emb.vectors.astype("float32", copy=False).tolist()}
     if layout.sparse is not None:
-        vectors[layout.sparse] = [
-            models.SparseVector(indices=s.indices.tolist(), values=s.values.tolist())
-            for s in emb.sparse or ()]
+        vectors[layout.sparse] = [qdrant_sparse(s) for s in emb.sparse or ()]
     payloads = chunk.payloads if any(p is not None for p in chunk.payloads) else None
     return models.Batch(ids=[point_id(r) for r in chunk.record_ids], vectors=vectors,
                         payloads=payloads)

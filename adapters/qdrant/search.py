@@ -7,6 +7,7 @@ from typing import Any
 from qdrant_client import QdrantClient, models
 
 from adapters.qdrant.collection import CollectionLayout
+from adapters.qdrant.documents import qdrant_sparse
 from sidecar.client import Embeddings, FernClient, ModelInfo
 
 
@@ -35,13 +36,11 @@ def query_arguments(emb: Embeddings, layout: CollectionLayout, k: int,
     if not hybrid:
         return dict(query=dense, using=layout.dense, query_filter=filter, limit=k,
                     with_payload=with_payload)
-    lexical = emb.sparse[0]
     depth = prefetch_limit or max(4 * k, 20)
     prefetch = [
         models.Prefetch(query=dense, using=layout.dense, filter=filter, limit=depth),
-        models.Prefetch(query=models.SparseVector(indices=lexical.indices.tolist(),
-                                                  values=lexical.values.tolist()),
-                        using=layout.sparse, filter=filter, limit=depth),
+        models.Prefetch(query=qdrant_sparse(emb.sparse[0]), using=layout.sparse, filter=filter,
+                        limit=depth),
     ]
     return dict(prefetch=prefetch, query=models.FusionQuery(fusion=models.Fusion.RRF),
                 query_filter=filter, limit=k, with_payload=with_payload)
