@@ -43,7 +43,7 @@ def corpus(n: int, seed: int = 11) -> list[str]:
 class EngineRun:
     """The in-process engine on the corpus, tokenized once and packed into the sidecar's steps."""
 
-    def __init__(self, texts: list[str], device: str):
+    def __init__(self, texts: list[str], device: str) -> None:
         from core_engine.engine import Engine
         from sidecar.scheduler import SchedulerConfig
         from sidecar.tokenize import TextTokenizer

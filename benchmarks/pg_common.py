@@ -11,7 +11,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from benchmarks.server import ServedSidecar
 
 
 def machine() -> dict[str, Any]:
@@ -34,7 +37,7 @@ def machine() -> dict[str, Any]:
             "python": platform.python_version(), "load_average": list(os.getloadavg())}
 
 
-def start_sidecar(device: str):
+def start_sidecar(device: str) -> ServedSidecar:
     """`fern serve` in a subprocess (benchmarks/server.py); returns the ServedSidecar."""
     from benchmarks.server import start_sidecar as start
 

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import psycopg
 
@@ -40,7 +41,7 @@ def summary(samples: list[float]) -> dict[str, float]:
             "mean_ms": round(statistics.fmean(ms), 4)}
 
 
-def timed(fn) -> float:
+def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start

@@ -68,7 +68,7 @@ def machine() -> dict[str, Any]:
 class EngineRun:
     """The in-process engine on the corpus, tokenized once and packed into the sidecar's steps."""
 
-    def __init__(self, texts: list[str], device: str, threads: int):
+    def __init__(self, texts: list[str], device: str, threads: int) -> None:
         import torch
 
         from core_engine.engine import Engine
