@@ -367,11 +367,11 @@ class Sidecar:
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), server)
         try:
-            bound = server.add_insecure_port(f"{self.host}:{self.port}")
+            bound = server.add_insecure_port(self.target)
         except RuntimeError:  # grpc's "Failed to bind"
             bound = 0
         if bound == 0:
-            raise OSError(f"could not bind {self.host}:{self.port} (port in use, or not an "
+            raise OSError(f"could not bind {self.target} (port in use, or not an "
                           "address of this host?)")
         self.port = bound
         await server.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -125,3 +126,18 @@ def test_deadlines_and_cancels_drop_queued_work_then_sigterm_drains(sidecar_fact
     counts = re.search(r"cancelled (\d+)/(\d+), expired (\d+)/(\d+)", log)
     assert counts, log[-2000:]
     assert int(counts.group(2)) == 1 and int(counts.group(4)) == 1, counts.group(0)
+
+
+def test_an_ipv6_host_is_bound_and_served(sidecar_factory):
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    process = sidecar_factory("--host", "::1")
+    try:
+        assert process.target.startswith("[::1]:")
+        with FernClient(process.target) as client:
+            assert client.embed(["over IPv6"]).vectors.shape == (1, 384)
+    finally:
+        process.stop()
