@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -90,17 +91,13 @@ def run_ingest(args: argparse.Namespace) -> int:
     try:
         client.setup_collection(args.collection, model=args.model, sparse=None if args.no_sparse else "sparse",
                                 quantization=args.quantization)
-        if args.file == "-":
-            records = read_jsonl(sys.stdin, "<stdin>")
+        stdin = args.file == "-"
+        # nullcontext: stdin is read, not closed.
+        with nullcontext(sys.stdin) if stdin else Path(args.file).open(encoding="utf-8") as stream:
+            records = read_jsonl(stream, "<stdin>" if stdin else args.file)
             summary = client.ingest(args.collection, records, text=args.text, id=args.id_field,
-                                    payload=payload, model=args.model or None, batch_size=args.batch_size,
-                                    max_in_flight=args.in_flight)
-        else:
-            with Path(args.file).open(encoding="utf-8") as stream:
-                records = read_jsonl(stream, args.file)
-                summary = client.ingest(args.collection, records, text=args.text, id=args.id_field,
-                                        payload=payload, model=args.model or None,
-                                        batch_size=args.batch_size, max_in_flight=args.in_flight)
+                                    payload=payload, model=args.model or None,
+                                    batch_size=args.batch_size, max_in_flight=args.in_flight)
     except (IngestError, FernError, ValueError, OSError) as err:
         print(f"fern qdrant ingest: {err}", file=sys.stderr)
         return 1
