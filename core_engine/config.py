@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FAMILIES = ("bert", "xlm-roberta", "qwen3")
 POOLINGS = ("mean", "cls", "last")
 
 _MODEL_TYPES = {
