@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import numpy as np
 
 from adapters.postgres.worker import Worker, WorkerConfig
@@ -13,6 +15,13 @@ def run_worker(dsn: str, target: str, *, timeout: float = 300, **config) -> Work
     worker.run(until_empty=True, timeout=timeout)
     worker.close()
     return worker
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on right now (for a sidecar the test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -8,13 +8,13 @@ after a sidecar restart) are shown on the real server.
 
 from __future__ import annotations
 
-import socket
 import time
 import uuid
 
 import numpy as np
 import psycopg
 import pytest
+from pg_helpers import free_port
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
@@ -224,12 +224,6 @@ def test_statement_timeout_reaches_the_sidecar(conn):
     assert time.monotonic() - started < 30              # ~150 s of CPU work without the deadline
     conn.execute("RESET statement_timeout")
     assert conn.execute("SELECT vector_dims(fern.embed('after the timeout'))").fetchone()[0] == 384
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_sidecar_down_fails_the_synchronous_write_but_not_the_queue(request, pg_db, grpc_client):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -13,7 +12,7 @@ import time
 import numpy as np
 import psycopg
 import pytest
-from pg_helpers import cosines, fetch_vectors, run_worker
+from pg_helpers import cosines, fetch_vectors, free_port, run_worker
 
 from adapters.postgres.status import status
 from adapters.postgres.vectorizer import create_vectorizer
@@ -116,15 +115,9 @@ def test_rejected_inputs_go_to_failed_table_and_empty_text_gets_no_vector(conn, 
     assert conn.execute("SELECT count(*) FROM items WHERE embedding IS NOT NULL").fetchone() == (0,)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_sidecar_down_writes_commit_queue_grows_then_drains(conn, fern, pg_db, sidecar_factory):
-    port = _free_port()
+    port = free_port()
     side = sidecar_factory("--port", str(port))
     target = f"127.0.0.1:{port}"
     conn.execute("CREATE TABLE items (id int PRIMARY KEY, body text)")
