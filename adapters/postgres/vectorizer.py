@@ -382,6 +382,11 @@ def _model_info(client: FernClient | None, model: str) -> ModelInfo:
         return own.model(model)
 
 
+def _index_distance(info: ModelInfo) -> str:
+    """The model's distance where pgvector has an operator class for it, else cosine."""
+    return info.distance if info.distance in _OPCLASS else "cosine"
+
+
 def backfill(conn: psycopg.Connection, v: Vectorizer) -> int:
     """Enqueue every row of the table for `v`; returns how many."""
     cur = conn.execute(sql.SQL("INSERT INTO fern.queue (vectorizer_id, row_key) "
@@ -430,7 +435,7 @@ def create_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str],
                                   f"{info.max_tokens}, got {chunk_tokens}")
         if not 0 <= chunk_overlap <= chunk_tokens // 2:
             raise VectorizerError(f"chunk_overlap must be in [0, chunk_tokens/2], got {chunk_overlap}")
-    distance = info.distance if info.distance in _OPCLASS else "cosine"
+    distance = _index_distance(info)
     if not is_installed(conn):
         install(conn)
     with conn.transaction():
@@ -526,7 +531,7 @@ def alter_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str], *, 
     """
     v = get_vectorizer(conn, table, target_column)
     info = _model_info(client, model)
-    distance = info.distance if info.distance in _OPCLASS else "cosine"
+    distance = _index_distance(info)
     with conn.transaction():
         conn.execute(sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(v.table))
         pending = conn.execute("SELECT id FROM fern.vectorizers WHERE replaces = %s",
