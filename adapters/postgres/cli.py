@@ -113,15 +113,15 @@ def _vectorize(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    import time
+
+    import psycopg
+
     from adapters.postgres.worker import SchemaMissing, Worker, WorkerConfig
 
     progress = {"auto": sys.stderr.isatty(), "on": True, "off": False}[args.progress]
     config = WorkerConfig(dsn=args.dsn, target=args.target, batch_size=args.batch_size,
                           progress=progress)
-    import time
-
-    import psycopg
-
     worker = Worker(config)
     try:
         while True:
