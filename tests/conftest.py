@@ -110,6 +110,12 @@ class SidecarProcess:
 
 
 @pytest.fixture(scope="session")
+def sidecar_process_class() -> type[SidecarProcess]:
+    """The SidecarProcess class itself, for tests that start and stop their own `fern serve`."""
+    return SidecarProcess
+
+
+@pytest.fixture(scope="session")
 def sidecar_process() -> Iterator[SidecarProcess]:
     """The session's shared sidecar: `fern serve` with the bundled model on CPU."""
     with SidecarProcess() as process:

@@ -23,23 +23,14 @@ from sidecar.client import FernClient
 TOKEN = "pg-endpoint-secret"
 
 
-def sidecar_process_class(config: pytest.Config):
-    """tests/conftest.py's SidecarProcess (`fern serve` in a subprocess), shared rather than copied."""
-    for plugin in config.pluginmanager.get_plugins():
-        found = getattr(plugin, "SidecarProcess", None)
-        if found is not None:
-            return found
-    raise RuntimeError("tests/conftest.py's SidecarProcess is not loaded")
-
-
 # The BATCH lane's queue holds BATCH_QUEUE_TOKENS, so one long text there is RESOURCE_EXHAUSTED.
 BATCH_QUEUE_TOKENS = 200
 
 
 @pytest.fixture(scope="module")
-def sidecar(request):
+def sidecar(sidecar_process_class):
     args = ["--token", TOKEN, "--pg-port", "0", "--max-queued-tokens-batch", str(BATCH_QUEUE_TOKENS)]
-    with sidecar_process_class(request.config)(args) as process:
+    with sidecar_process_class(args) as process:
         yield process
 
 
@@ -506,9 +497,9 @@ def test_concurrent_connections_get_their_own_vectors(sidecar, grpc_client):
         assert cosine(results[i], w) >= 0.99999
 
 
-def test_drain_refuses_new_queries_with_57p03_then_ends_sessions(request):
+def test_drain_refuses_new_queries_with_57p03_then_ends_sessions(sidecar_process_class):
     """SIGTERM: new queries get 57P03 while the query in flight has its grace; then sessions end."""
-    with sidecar_process_class(request.config)(["--token", TOKEN, "--pg-port", "0"]) as own:
+    with sidecar_process_class(["--token", TOKEN, "--pg-port", "0"]) as own:
         busy = psycopg.connect(dsn(own), autocommit=True)
         idle = psycopg.connect(dsn(own), autocommit=True)
         assert_usable(idle)

@@ -24,18 +24,9 @@ from sidecar.client import FernClient
 TOKEN = "sql-function-secret"
 
 
-def sidecar_process_class(config: pytest.Config):
-    """tests/conftest.py's SidecarProcess (`fern serve` in a subprocess), shared rather than copied."""
-    for plugin in config.pluginmanager.get_plugins():
-        found = getattr(plugin, "SidecarProcess", None)
-        if found is not None:
-            return found
-    raise RuntimeError("tests/conftest.py's SidecarProcess is not loaded")
-
-
 @pytest.fixture(scope="module")
-def sidecar(request):
-    with sidecar_process_class(request.config)(["--token", TOKEN, "--pg-port", "0"]) as process:
+def sidecar(sidecar_process_class):
+    with sidecar_process_class(["--token", TOKEN, "--pg-port", "0"]) as process:
         yield process
 
 
@@ -226,14 +217,14 @@ def test_statement_timeout_reaches_the_sidecar(conn):
     assert conn.execute("SELECT vector_dims(fern.embed('after the timeout'))").fetchone()[0] == 384
 
 
-def test_sidecar_down_fails_the_synchronous_write_but_not_the_queue(request, pg_db, grpc_client):
+def test_sidecar_down_fails_the_synchronous_write_but_not_the_queue(sidecar_process_class, pg_db,
+                                                                   grpc_client):
     """The synchronous contract, side by side with the vectorizer's; then a restart reconnects.
 
     Stopping the sidecar (SIGTERM, a drain) also ends the endpoint's open sessions.
     """
     from adapters.postgres.vectorizer import create_vectorizer
 
-    SidecarProcess = sidecar_process_class(request.config)
     port = free_port()
     args = ["--token", TOKEN, "--pg-port", str(port)]
     with psycopg.connect(pg_db, autocommit=True) as conn:
@@ -247,7 +238,7 @@ def test_sidecar_down_fails_the_synchronous_write_but_not_the_queue(request, pg_
         conn.execute("CREATE TABLE queued_docs (id int PRIMARY KEY, body text)")
         create_vectorizer(conn, "queued_docs", ["body"], client=grpc_client)
 
-        with SidecarProcess(args) as first:
+        with sidecar_process_class(args) as first:
             conn.execute("INSERT INTO sync_docs VALUES (1, 'while the sidecar is up')")
             direct = psycopg.connect(f"host=127.0.0.1 port={port} user=fern dbname=fern "
                                      f"password={TOKEN}", autocommit=True)
@@ -267,7 +258,7 @@ def test_sidecar_down_fails_the_synchronous_write_but_not_the_queue(request, pg_
         assert conn.execute("SELECT count(*) FROM fern.queue").fetchone()[0] >= 2
         assert conn.execute("SELECT id FROM sync_docs").fetchall() == [(1,)]
 
-        with SidecarProcess(args):                      # back on the same port: same session reconnects
+        with sidecar_process_class(args):                      # back on the same port: same session reconnects
             conn.execute("INSERT INTO sync_docs VALUES (4, 'after the restart')")
         assert conn.execute("SELECT id FROM sync_docs WHERE emb IS NOT NULL ORDER BY id").fetchall() \
             == [(1,), (4,)]
