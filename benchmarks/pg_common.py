@@ -1,4 +1,4 @@
-"""Shared pieces of the PostgreSQL adapter benchmarks: machine description, sidecar, worker, result file."""
+"""Shared pieces of the adapter benchmarks: machine description and result file (also for Qdrant), sidecar, worker."""
 
 from __future__ import annotations
 

@@ -19,13 +19,9 @@ Usage: python -m benchmarks.qdrant_ingest [--texts 2000] [--rounds 3] [--device 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import random
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -33,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.pg_common import write_result
 
 WORDS = ("engine vector search query index token batch model latency throughput database "
          "sidecar stream shard replica cluster memory graph kernel tensor embedding cosine "
@@ -50,19 +48,6 @@ def corpus(n: int, seed: int = 7) -> list[dict[str, Any]]:
         words = [rng.choice(WORDS) for _ in range(rng.randint(20, 60))]
         rows.append({"id": i, "title": f"Passage {i}", "text": " ".join(words).capitalize() + "."})
     return rows
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass  # not Linux: platform.processor() is what we have
-    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version()}
 
 
 class EngineRun:
@@ -204,10 +189,6 @@ def main(argv: list[str] | None = None) -> int:
     engine_rps = best["engine"]["rows_per_s"]
     stream_rps = best["sidecar_stream"]["rows_per_s"]
     result = {
-        "benchmark": "qdrant_ingest",
-        "command": "python -m benchmarks.qdrant_ingest " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(),
         "qdrant_client": version("qdrant-client"),
         "qdrant_mode": "local :memory:",
         "texts": args.texts,
@@ -226,9 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                                     for name in ("ingest_hybrid", "ingest_dense_only")},
         "goal": "ingest_hybrid >= 0.80 of engine",
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result("qdrant_ingest", argv, result, args.out)
     return 0
 
 
