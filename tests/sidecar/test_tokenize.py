@@ -106,29 +106,87 @@ def test_query_sized_requests_give_the_same_ids_and_errors_inline(spec, tok):
         tiny.close()
 
 
-def test_printable_ascii_fast_path_gives_the_full_normalizers_ids(spec, tok):
-    # MiniLM's BertNormalizer has a lowercase-only twin for printable-ASCII batches; it must
-    # give exactly the ids of the shipped normalizer (clean-up, CJK, NFD accent stripping).
+def _differential_texts(seed: int) -> list[str]:
+    """Texts of every kind the ASCII twin must route or tokenize exactly like the shipped pipeline."""
     import random
     import string
 
+    rng = random.Random(seed)
+    printable = string.printable[:95]  # 0x20-0x7E: upper case, digits and punctuation included
+    fixed = [
+        "", " ", "   \t\n  ", "\n", "Hello, World!", "HELLO world", "it's a dog's-life... (really?)",
+        "e-mail: a.b@c.com; url https://x.y/z?q=1&r=2#frag", "3.14159 + 2,718 = 5.859 100% $5 #1",
+        "snake_case_name camelCaseName kebab-case-name", "[CLS] typed by a user [SEP]", "[cls] [Sep] [MASK]ed",
+        "a[UNK]b [PAD]", "[not a token]", "unaffable untranslatable antidisestablishmentarianism",
+        "x" * 99, "y" * 100, "z" * 101, "ab" * 80 + " end", "qzxjvk wqpflm",
+        "line one\nline two\r\nline three\ttabbed", "bell\x07here", "nul\x00byte", "del\x7fchar",
+        "vt\x0bff\x0cfs\x1c", "esc\x1b[0m", "Café ÉLAN naïve façade", "中文 text 日本語 한국어",
+        "ＦＵＬＬ width", "emoji 🙂 here", "\u00a0nbsp\u2003em space\u200bzero-width",
+        "Ångström ß ﬁ ligature", "mixed ascii and é", "Ελληνικά русский עברית العربية",
+        "\ufffdreplacement", "—dashes– “quotes” ‘single’ …", "tab\tand\nnewline",
+    ]
+    pieces = fixed + ["word", "Word", "WORD", ",", ".", "!", "?", "-", "'", "[", "]", "(", ")", "42",
+                      "transformers", "tokenization", "é", "中", "\t", "\n", "\x07", "[SEP]", "  "]
+    made = ["".join(rng.choice(printable) for _ in range(rng.randint(1, 1500))) for _ in range(150)]
+    made += [" ".join(rng.choice(pieces) for _ in range(rng.randint(1, 400))) for _ in range(150)]
+    made += ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 200))) for _ in range(100)]
+    return fixed + made
+
+
+def _cut(ids: list[int], limit: int) -> list[int]:
+    return ids if len(ids) <= limit else ids[:limit - 1] + [ids[-1]]
+
+
+def test_ids_equal_the_shipped_pipeline_on_every_kind_of_text(spec, tok):
+    # The ASCII twin (lowercasing in Python, a regex pre-tokenizer, no normalizer) must give
+    # exactly the shipped tokenizer.json's ids: truncated or not, with or without special
+    # tokens, in pure-ASCII batches, mixed batches and one text at a time.
     from tokenizers import Tokenizer
 
-    assert tok._truncating_ascii is not None  # the fast path exists for this model
+    assert tok._truncating_twin is not None and tok._full_twin is not None  # the twin exists here
     reference = Tokenizer.from_file(str(spec.tokenizer_path))
     reference.no_padding()
     reference.no_truncation()
-    rng = random.Random(7)
-    printable = string.printable[:95]  # 0x20-0x7E, upper case, digits and punctuation included
-    texts = ["".join(rng.choice(printable) for _ in range(rng.randint(1, 1500))) for _ in range(400)]
+    texts = _differential_texts(7)
     full = [e.ids for e in reference.encode_batch(texts)]
-    assert tok.encode_plain(texts) == [e.ids for e in reference.encode_batch(texts, add_special_tokens=False)]
-    assert tok.encode(texts) == [ids if len(ids) <= spec.max_tokens else ids[:spec.max_tokens - 1] + [ids[-1]]
-                                 for ids in full]
-    assert any(len(ids) > spec.max_tokens for ids in full)  # truncation was exercised too
-    # Text the twin must not see (accents, CJK, control characters, tabs) still matches.
-    others = ["Café ÉLAN", "中文 text", "bell\x07here", "tab\tand\nnewline", "ＦＵＬＬ width"]
-    for text in others:
-        assert tok.encode([text, "plain ascii"]) == [reference.encode(text).ids,
-                                                     reference.encode("plain ascii").ids]
-        assert tok.encode([text]) == [reference.encode(text).ids]
+    plain = [e.ids for e in reference.encode_batch(texts, add_special_tokens=False)]
+    assert any(len(ids) > spec.max_tokens for ids in full)  # truncation is exercised
+    assert any(100 in ids for ids in plain)  # [UNK] is exercised
+    ascii_only = [i for i, t in enumerate(texts) if tok._full_twin.fits(t)]
+    assert 0 < len(ascii_only) < len(texts)  # both paths are exercised
+    assert tok.encode(texts) == [_cut(ids, spec.max_tokens) for ids in full]
+    assert tok.encode_plain(texts) == plain
+    assert tok.encode([texts[i] for i in ascii_only]) == [_cut(full[i], spec.max_tokens) for i in ascii_only]
+    assert tok.encode_plain([texts[i] for i in ascii_only]) == [plain[i] for i in ascii_only]
+    assert asyncio.run(tok.encode_async(texts)) == [_cut(ids, spec.max_tokens) for ids in full]
+    for text, ids in zip(texts, full):
+        assert tok.encode([text]) == [_cut(ids, spec.max_tokens)], repr(text)
+    at_limit = [i for i, ids in enumerate(full) if len(ids) <= spec.max_tokens]
+    assert tok.encode([texts[i] for i in at_limit], truncate=False) == [full[i] for i in at_limit]
+
+
+def test_the_twin_takes_ascii_and_leaves_what_the_normalizer_changes(tok):
+    twin = tok._full_twin
+    for text in ["Hello, World!", "two\nlines\tand a tab\r\n", "", "   ", "[CL S]", "x" * 5000]:
+        assert twin.fits(text), repr(text)
+    for text in ["Café", "中文", "bell\x07", "nul\x00", "del\x7f", "vt\x0b", "\u00a0", "a [SEP] b", "[cls]"]:
+        assert not twin.fits(text), repr(text)
+
+
+def test_tokenizers_without_a_bert_pipeline_get_no_twin_and_their_own_ids(spec, tmp_path):
+    from tokenizers import Tokenizer
+
+    shipped = json.loads(spec.tokenizer_path.read_text())
+    for part, value in (("normalizer", {"type": "Lowercase"}), ("pre_tokenizer", {"type": "Whitespace"}),
+                        ("normalizer", {**shipped["normalizer"], "lowercase": False})):
+        path = tmp_path / f"{part}.json"
+        path.write_text(json.dumps({**shipped, part: value}))
+        reference = Tokenizer.from_file(str(path))
+        reference.no_padding()
+        t = TextTokenizer(path, 256, workers=1)
+        try:
+            assert t._full_twin is None and t._truncating_twin is None
+            text = "Hello, World... CAFÉ"
+            assert t.encode([text]) == [reference.encode(text).ids]
+        finally:
+            t.close()
