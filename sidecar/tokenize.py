@@ -128,7 +128,8 @@ class TextTokenizer:
                                      if tok.special)
         self.vocab_size = self._full.get_vocab_size(with_added_tokens=True)
         self.slice_texts = int(slice_texts)
-        self._pool = ThreadPoolExecutor(workers or default_workers(),
+        self.workers = workers or default_workers()
+        self._pool = ThreadPoolExecutor(self.workers,
                                         thread_name_prefix="fern-tokenize")
         # tokenizers >= 0.21 can skip computing character offsets, which Fern never reads.
         self._fast = hasattr(self._full, "encode_batch_fast")

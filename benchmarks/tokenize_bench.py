@@ -1,0 +1,148 @@
+"""Tokenizer throughput in tokens/s: raw `tokenizers` against Fern's TextTokenizer, CPU only.
+
+Three ways to turn a workload's texts into token ids (special tokens included, truncated
+at the model's limit), each timed with the id lists built, over interleaved rounds
+(medians reported, since the machine may be shared):
+
+- raw: the shipped tokenizer.json, one `encode_batch_fast` call over all texts (Rust fans
+  it out over its own threads), `[e.ids for e in ...]`: what a plain client does;
+- encode: `TextTokenizer.encode` on all texts in one call (the ASCII twin where it applies);
+- sliced: `TextTokenizer.encode_async`, the gateway's path: slices on the worker pool.
+
+Workloads: the GPU suite's queries, passages and long documents (benchmarks/texts.py), and
+"prose": paragraphs of Python's own documentation (real English with punctuation, code,
+line breaks and some non-ASCII), so the word mix is not only the synthetic vocabulary.
+Every method's ids are checked equal to raw's before anything is timed.
+
+Usage: python -m benchmarks.tokenize_bench [--threads N] [--workers N] [--slice N]
+       [--rounds 5] [--scale 1.0] [--tokenizer DIR] [--max-tokens N] [--out FILE]
+--threads sets RAYON_NUM_THREADS (Rust's pool) unless it is already set; no GPU, no network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+WORKLOADS = (("queries", 8, 24, 20000), ("passages", 64, 256, 6000), ("long", 384, 512, 2000))
+
+
+def _prose(count: int) -> list[str]:
+    """Paragraphs of Python's bundled documentation, repeated to `count`."""
+    import pydoc_data.topics
+
+    paragraphs = [p.strip() for topic in pydoc_data.topics.topics.values()
+                  for p in topic.split("\n\n") if len(p.strip()) >= 80]
+    return [paragraphs[i % len(paragraphs)] for i in range(count)]
+
+
+def _model_dir(given: Path | None) -> Path:
+    if given is not None:
+        return given
+    from core_engine.loader import default_model_dir
+
+    return default_model_dir()
+
+
+def _max_tokens(model_dir: Path, given: int | None) -> int:
+    if given is not None:
+        return given
+    from core_engine.config import load_spec
+
+    return load_spec(model_dir).max_tokens
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure every method on every workload; returns the result dictionary."""
+    from tokenizers import Tokenizer
+
+    from benchmarks.texts import Workload, workload_texts
+    from sidecar.tokenize import TextTokenizer, default_workers
+
+    model_dir = _model_dir(args.tokenizer)
+    path = model_dir / "tokenizer.json"
+    max_tokens = _max_tokens(model_dir, args.max_tokens)
+    raw = Tokenizer.from_file(str(path))
+    raw.no_padding()
+    raw.enable_truncation(max_tokens)
+    workers = args.workers or default_workers()
+    fern = TextTokenizer(path, max_tokens, workers=workers, slice_texts=args.slice)
+    loop = asyncio.new_event_loop()
+    methods: dict[str, Callable[[list[str]], list[list[int]]]] = {
+        "raw": lambda texts: [e.ids for e in raw.encode_batch_fast(texts)],
+        "encode": fern.encode,
+        "sliced": lambda texts: loop.run_until_complete(fern.encode_async(texts)),
+    }
+    workloads = {name: workload_texts(raw, Workload(name, low, high, max(1, int(count * args.scale))), seed=11)
+                 for name, low, high, count in WORKLOADS}
+    workloads["prose"] = _prose(max(1, int(4000 * args.scale)))
+    rows: dict[str, Any] = {}
+    try:
+        for name, texts in workloads.items():
+            expected = methods["raw"](texts)
+            for method, fn in methods.items():
+                if fn(texts) != expected:
+                    raise AssertionError(f"{method} gave other ids than raw on {name}")
+            tokens = sum(map(len, expected))
+            seconds: dict[str, list[float]] = {m: [] for m in methods}
+            for _ in range(args.rounds):
+                for method, fn in methods.items():  # interleaved, so drifting load hits all alike
+                    start = time.perf_counter()
+                    fn(texts)
+                    seconds[method].append(time.perf_counter() - start)
+            rates = {m: tokens / statistics.median(s) for m, s in seconds.items()}
+            rows[name] = {"texts": len(texts), "tokens": tokens,
+                          "ascii_twin_share": sum(map(fern._full_twin.fits, texts)) / len(texts)
+                          if fern._full_twin is not None else 0.0,
+                          "tokens_per_s": {m: round(r) for m, r in rates.items()},
+                          "spread_tokens_per_s": {m: [round(tokens / max(s)), round(tokens / min(s))]
+                                                  for m, s in seconds.items()},
+                          "sliced_over_raw": round(rates["sliced"] / rates["raw"], 3)}
+            print(f"{name:9s} " + "  ".join(f"{m} {r / 1e6:6.2f} M" for m, r in rates.items()), flush=True)
+    finally:
+        fern.close()
+        loop.close()
+    return {"tokenizer": str(path), "max_tokens": max_tokens, "rounds": args.rounds, "scale": args.scale,
+            "rayon_threads": os.environ.get("RAYON_NUM_THREADS"),
+            "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM"),
+            "workers": workers, "slice_texts": args.slice, "workloads": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for `python -m benchmarks.tokenize_bench`."""
+    from sidecar.tokenize import SLICE_TEXTS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=None,
+                        help="Rust threads (RAYON_NUM_THREADS, unless already set; default: all cores)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="TextTokenizer worker threads (default: sidecar.tokenize.default_workers())")
+    parser.add_argument("--slice", type=int, default=SLICE_TEXTS, help="texts per worker slice")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians reported")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every workload's text count")
+    parser.add_argument("--tokenizer", type=Path, default=None,
+                        help="model directory with tokenizer.json (default: the bundled all-MiniLM-L6-v2)")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="truncation limit (default: the model's, from its config; needed without one)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/tokenize-cpu.json"))
+    parser.add_argument("--no-write", action="store_true", help="print only, write no result file")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        # Before the first encode: Rust's thread pool is sized once, when first used.
+        os.environ.setdefault("RAYON_NUM_THREADS", str(args.threads))
+    result = run(args)
+    if args.no_write:
+        return 0
+    from benchmarks.pg_common import write_result
+
+    write_result("tokenize_bench", argv, result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
