@@ -407,15 +407,41 @@ def _chunks(texts: list[str], per_chunk: int) -> list[list[str]]:
     return [texts[i:i + per_chunk] for i in range(0, len(texts), per_chunk)]
 
 
-def _encode_ids(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
-    """Token ids of a chunk, list conversion included, on a pool thread (not the stepping thread)."""
-    return [e.ids for e in tok.encode_batch_fast(texts)]
+class _Gateway:
+    """Fern's tokenization as the gateway runs it: `TextTokenizer.encode_async` on an asyncio
+    loop of its own thread (slices on the tokenizer's worker pool), so the caller's thread is
+    free to step the engine, as the scheduler's is."""
+
+    def __init__(self, tok) -> None:
+        import asyncio
+
+        self.tok = tok
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="bench-gateway", daemon=True)
+        self._thread.start()
+
+    def submit(self, chunks: list[list[str]]) -> list:
+        """Every chunk in flight at once, as separate requests; concurrent futures of their ids."""
+        import asyncio
+
+        return [asyncio.run_coroutine_threadsafe(self.tok.encode_async(c), self._loop) for c in chunks]
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+        self.tok.close()
 
 
-def _fern_texts_to_vectors(engine, tok: Tokenizer, chunks: list[list[str]], pool: ThreadPoolExecutor) -> int:
-    """Tokenize (on the pool, ahead) and embed every chunk, one step each, pipelined; returns tokens."""
-    futures = [pool.submit(_encode_ids, tok, c) for c in chunks]
-    return _pipelined_once(engine, (fut.result() for fut in futures))
+def _encode_ids(gateway: _Gateway, chunks: list[list[str]]) -> list[list[int]]:
+    """Token ids of every chunk, tokenized the way the Fern run tokenizes them (no engine)."""
+    return [ids for fut in gateway.submit(chunks) for ids in fut.result()]
+
+
+def _fern_texts_to_vectors(engine, gateway: _Gateway, chunks: list[list[str]]) -> int:
+    """Tokenize every chunk (all in flight, on the gateway's pool) and step each as soon as its
+    ids are back, preparing N+1 while N runs; returns the tokens stepped."""
+    return _pipelined_once(engine, (fut.result() for fut in gateway.submit(chunks)))
 
 
 def part_compare(ctx: Context) -> dict[str, Any]:
@@ -424,32 +450,38 @@ def part_compare(ctx: Context) -> dict[str, Any]:
 
     plan = ctx.plan
     cuda = ctx.device.startswith("cuda")
-    workers = os.cpu_count() or 2
-    out: dict[str, Any] = {"tokenizer_threads": workers}
+    from sidecar.tokenize import TextTokenizer
+
+    out: dict[str, Any] = {"tokenizer_threads": os.cpu_count() or 2}
     for name in plan.compare_models:
         engine = _engine(ctx, name, max_step_tokens=plan.step_tokens * 2)
-        tok = _tokenizer(engine.spec.path, engine.spec.max_tokens)
+        # The product's tokenizer (ASCII twin, worker pool), the same in every Fern figure.
+        gateway = _Gateway(TextTokenizer.for_spec(engine.spec))
+        out["tokenizer_workers"] = gateway.tok.workers
         st = SentenceTransformer(str(engine.spec.path), device=ctx.device)
         st.max_seq_length = engine.spec.max_tokens
         if cuda:
             st.half()
         rows = {}
-        with ThreadPoolExecutor(workers) as pool:
+        try:
             for wl in plan.workloads:
                 high = min(wl.high, engine.spec.max_tokens)
-                texts = workload_texts(tok, Workload(wl.name, min(wl.low, high), high, wl.count), seed=11)
+                texts = workload_texts(engine.spec.tokenizer_path, Workload(wl.name, min(wl.low, high), high,
+                                                                            wl.count), seed=11)
                 per_chunk = max(1, plan.step_tokens // ((wl.low + high) // 2))
                 chunks = _chunks(texts, per_chunk)
-                # Tokenizer alone, all threads.
+                # Tokenizer alone: the same tokenizer, chunks and pool as the Fern run, after an
+                # untimed pass that starts the pool's threads.
+                _encode_ids(gateway, chunks)
                 start = time.perf_counter()
-                ids = [i for part in pool.map(lambda c: _encode_ids(tok, c), _chunks(texts, 1024)) for i in part]
+                ids = _encode_ids(gateway, chunks)
                 tok_s = time.perf_counter() - start
                 total = sum(map(len, ids))
                 # Fern, text to vectors; two warm passes (eager, then capture) when graphs are on.
                 for _ in range(2 if cuda else 0):
-                    _fern_texts_to_vectors(engine, tok, chunks, pool)
+                    _fern_texts_to_vectors(engine, gateway, chunks)
                 start = time.perf_counter()
-                tokens = _fern_texts_to_vectors(engine, tok, chunks, pool)
+                tokens = _fern_texts_to_vectors(engine, gateway, chunks)
                 fern_s = time.perf_counter() - start
                 # Fern engine only (pre-tokenized), the same steps.
                 id_chunks = [ids[i:i + per_chunk] for i in range(0, len(ids), per_chunk)]
@@ -474,6 +506,8 @@ def part_compare(ctx: Context) -> dict[str, Any]:
                     "st_best_batch_size": int(best_bs), "st_best_tokens_per_s": st_rates[best_bs],
                     "speedup": (tokens / fern_s) / st_rates[best_bs], "step_texts": per_chunk,
                 }
+        finally:
+            gateway.close()
         entry = {"workloads": rows, "engine_info": _engine_info(engine),
                  "st_dtype": "float16" if cuda else "float32"}
         if name in GOAL_SPEEDUP:
