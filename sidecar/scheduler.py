@@ -2,10 +2,13 @@
 
 ONLINE (queries) has strict priority; BATCH (ingest) fills what is left of each step's
 token budget. Each engine gets a worker thread that pipelines: while step N runs, it
-builds step N+1 (`engine.prepare`, CPU only), then collects N through its handle and
-launches N+1; online work that arrives after N+1 was built gets a small step of its own
-launched just before N+1, so a query waits for at most the step in flight. Results
-reach the asyncio loop with `call_soon_threadsafe`; the loop never waits on an engine.
+builds step N+1 (`engine.prepare`, CPU only) from the work queued when N was launched,
+then collects N through its handle and launches N+1; online work that arrives after N+1
+was built gets a small step of its own launched just before N+1, so a query waits for at
+most the step in flight. With nothing queued, the worker blocks in N's `result()` (on
+CUDA an event wait that releases the GIL): it sees N finish at once instead of polling,
+and work that arrives meanwhile is built as soon as N is collected. Results reach the
+asyncio loop with `call_soon_threadsafe`; the loop never waits on an engine.
 Queues are bounded in tokens (QueueFull, or waiting for room on the stream path), and
 cancelled or expired work is dropped before it is sent to an engine. With several
 engines, an idle one takes new work before a busy one builds ahead (least-loaded first).
@@ -27,9 +30,6 @@ from sidecar.lanes import Chunk, Lane, LaneQueue, Request
 
 log = logging.getLogger(__name__)
 
-# While a step runs with nothing queued, a worker wakes this often to see whether it has
-# finished; new work wakes it at once. 0.2 ms is small next to a ~1 ms GPU step.
-_POLL_S = 0.0002
 _FAILED = object()  # what an engine call returns here when it raised (its step was failed)
 
 __all__ = [
@@ -437,7 +437,9 @@ class Scheduler:
         self._live.add(request)
         self._lanes[request.lane].push(request)
         self._counters[request.lane].admitted += 1
-        self._cond.notify_all()
+        # Only idle workers wait on the condition, and any of them takes the work; one that
+        # leaves work behind wakes the next (_next_step), so one wake-up is enough.
+        self._cond.notify()
 
     def _expire(self, request: Request) -> None:
         self._drop(request, _deadline_passed(request))
@@ -533,7 +535,7 @@ class Scheduler:
         launch_first = worker.device.startswith("cuda")
         in_flight: deque[tuple[_Step, Any]] = deque()
         while True:
-            nxt = self._next_step(worker, in_flight=in_flight[-1][1] if in_flight else None)
+            nxt = self._next_step(worker, idle=not in_flight)
             if nxt is None and not in_flight:
                 return
             prepared: Any = _FAILED
@@ -575,29 +577,26 @@ class Scheduler:
             self._launched(worker, step)
             in_flight.append((step, handle))
 
-    def _next_step(self, worker: _Worker, *, in_flight: Any) -> _Step | None:
+    def _next_step(self, worker: _Worker, *, idle: bool) -> _Step | None:
         """Compose this worker's next step.
 
-        With nothing in flight, block until there is work (None: stopping). With a step in
-        flight, return as soon as there is work this worker should take (the prefetch)
-        or the step is done (None), whichever comes first.
+        An idle worker blocks until there is work (None: stopping). A worker with a step in
+        flight takes the work queued now if it should (the prefetch), else returns None at
+        once and collects its step: a wait in `result()` sees the step end sooner than
+        polling would, and wakes no thread meanwhile.
         """
         with self._cond:
             while True:
-                idle = in_flight is None
                 if self._has_work_locked() and (idle or self._least_loaded_locked(worker)):
                     step = self._compose_locked(worker)
-                    if step is not None:
-                        return step
-                    continue  # everything found was dropped or expired; look again
-                if idle:
-                    if self._stopping:
-                        return None
-                    self._cond.wait()
-                elif in_flight.done():
+                    if step is None:
+                        continue  # everything found was dropped or expired; look again
+                    if self._has_work_locked():
+                        self._cond.notify()  # more than this step's worth: wake another idle worker
+                    return step
+                if not idle or self._stopping:
                     return None
-                else:
-                    self._cond.wait(_POLL_S)
+                self._cond.wait()
 
     def _has_work_locked(self) -> bool:
         return any(q.has_work() for q in self._lanes.values())
@@ -739,5 +738,4 @@ class Scheduler:
                         self._counters[request.lane].completed += 1
                         outcomes.append((request, None))
                 offset += n
-            self._cond.notify_all()  # a lighter worker may now take work
         self._post(outcomes, room_freed=False)

@@ -37,6 +37,7 @@ class Handle:
         self._collected = False
 
     def done(self) -> bool:
+        self._engine.done_calls += 1
         return self._collected or self._engine.permits > 0
 
     def result(self) -> np.ndarray:
@@ -56,6 +57,10 @@ class GatedEngine:
         self.stepped: list[list[tuple[int, ...]]] = []
         self.fail_prepare = fail_prepare
         self.permits = 10**9 if not gated else 0  # steps allowed to finish
+        self.done_calls = 0  # how often the scheduler asked a handle whether its step was done
+        self.waiting = 0  # threads inside result(), waiting for a step to be released
+        self.launching = threading.Event()  # set while step() is held by hold_launch()
+        self._launch_gate: threading.Event | None = None
         self._lock = threading.Lock()
         self._released = threading.Condition(self._lock)
 
@@ -64,10 +69,20 @@ class GatedEngine:
             self.permits += steps
             self._released.notify_all()
 
+    def hold_launch(self) -> threading.Event:
+        """The next step() waits until the returned event is set: work queued meanwhile is
+        queued when the step is launched."""
+        self._launch_gate = threading.Event()
+        return self._launch_gate
+
     def take_permit(self) -> None:
         with self._released:
-            if not self._released.wait_for(lambda: self.permits > 0, timeout=10):
-                raise TimeoutError("the test never released this step")
+            self.waiting += 1
+            try:
+                if not self._released.wait_for(lambda: self.permits > 0, timeout=10):
+                    raise TimeoutError("the test never released this step")
+            finally:
+                self.waiting -= 1
             self.permits -= 1
 
     def prepare(self, sequences: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
@@ -81,6 +96,11 @@ class GatedEngine:
     def step(self, prepared: list[tuple[int, ...]]) -> Handle:
         with self._lock:
             self.stepped.append(prepared)
+        gate, self._launch_gate = self._launch_gate, None
+        if gate is not None:
+            self.launching.set()
+            if not gate.wait(timeout=10):
+                raise TimeoutError("the test never let this step launch")
         return Handle(self, expected(prepared))
 
     def stepped_ids(self) -> set[tuple[int, ...]]:
@@ -188,11 +208,14 @@ def test_a_late_query_never_overtakes_an_earlier_one(device):
         engine = GatedEngine(name=device)
         sched = Scheduler([engine], config(max_step_tokens=64, online_step_tokens=32))
         await sched.start()
+        launch = engine.hold_launch()
         head = asyncio.create_task(sched.embed(texts(BATCH_MARK, 0, 8), Lane.BATCH))
-        await until(lambda: len(engine.stepped) == 1)
+        await until(engine.launching.is_set)
         first = texts(ONLINE_MARK, 0, 1)
         tasks = [asyncio.create_task(sched.embed(first, Lane.ONLINE)),
                  asyncio.create_task(sched.embed(texts(BATCH_MARK, 100, 8), Lane.BATCH))]
+        await until(lambda: sched.stats().batch.queued_requests == 1)  # both queued at the launch
+        launch.set()
         await until(lambda: len(engine.prepared) == 2)  # `first` + batch fill, built ahead
         late = texts(ONLINE_MARK, 10, 1)
         tasks.append(asyncio.create_task(sched.embed(late, Lane.ONLINE)))
@@ -203,6 +226,32 @@ def test_a_late_query_never_overtakes_an_earlier_one(device):
         assert online_order == [tuple(first[0]), tuple(late[0])]
         assert engine.stepped[1][0] == tuple(first[0])
         assert engine.stepped[2][0] == tuple(late[0])  # and it waited for one short step only
+        await sched.drain()
+
+    run(main())
+
+
+@ASYNC_AND_SYNC
+def test_a_step_in_flight_with_nothing_queued_is_awaited_and_later_work_goes_in_one_step(device):
+    async def main():
+        engine = GatedEngine(name=device)
+        sched = Scheduler([engine], config(max_step_tokens=64, online_step_tokens=32))
+        await sched.start()
+        head = asyncio.create_task(sched.embed(texts(ONLINE_MARK, 0, 1), Lane.ONLINE))
+        # Nothing queued: the worker waits in the step's result() (an event wait on CUDA,
+        # without the GIL), not in a loop that asks done() over and over.
+        await until(lambda: engine.waiting == 1)
+        assert engine.done_calls == 0
+        queries = [texts(ONLINE_MARK, 10 + i, 1) for i in range(3)]
+        tasks = [asyncio.create_task(sched.embed(q, Lane.ONLINE)) for q in queries]
+        await until(lambda: sched.stats().online.queued_requests == 3)
+        engine.release(10**6)
+        np.testing.assert_array_equal(await head, expected(texts(ONLINE_MARK, 0, 1)))
+        for q, task in zip(queries, tasks):
+            np.testing.assert_array_equal(await task, expected(q))
+        # What arrived while the step ran is built once it is collected, all in the next step.
+        assert engine.stepped[1] == [tuple(q[0]) for q in queries]
+        assert len(engine.stepped) == 2
         await sched.drain()
 
     run(main())
@@ -297,14 +346,17 @@ def test_expired_work_is_dropped_before_the_engine(device):
         engine = GatedEngine(name=device)
         sched = Scheduler([engine], config(max_step_tokens=16))
         await sched.start()
+        launch = engine.hold_launch()
         head = asyncio.create_task(sched.embed(texts(BATCH_MARK, 0, 2), Lane.BATCH))
-        await until(lambda: len(engine.stepped) == 1)
+        await until(engine.launching.is_set)
         # One request expires while prepared for the next step, one while queued behind it.
         prefetched = texts(BATCH_MARK, 100, 2)
         queued = texts(ONLINE_MARK, 0, 2)
         t_pre = asyncio.create_task(
             sched.embed(prefetched, Lane.BATCH, deadline=time.monotonic() + 0.05)
         )
+        await until(lambda: sched.stats().batch.queued_requests == 1)
+        launch.set()
         await until(lambda: len(engine.prepared) == 2)
         assert engine.prepared[1] == [tuple(s) for s in prefetched]
         started = time.monotonic()
@@ -333,9 +385,12 @@ def test_queue_full_at_the_bound_and_wait_for_room_unblocks(device):
         engine = GatedEngine(name=device)
         sched = Scheduler([engine], config(max_step_tokens=16, max_queued_tokens_batch=100))
         await sched.start()
+        launch = engine.hold_launch()
         r1 = asyncio.create_task(sched.embed(texts(BATCH_MARK, 0, 2), Lane.BATCH))
-        await until(lambda: len(engine.stepped) == 1)
+        await until(engine.launching.is_set)
         r2 = asyncio.create_task(sched.embed(texts(BATCH_MARK, 10, 2), Lane.BATCH))
+        await until(lambda: sched.stats().batch.queued_requests == 1)
+        launch.set()
         await until(lambda: len(engine.prepared) == 2)
         r3 = asyncio.create_task(sched.embed(texts(BATCH_MARK, 20, 10, length=10), Lane.BATCH))
         await asyncio.sleep(0)
