@@ -1,0 +1,290 @@
+"""Where the GPU time goes: per-shape matmul rates, attention kernels, and a kernel profile of each model.
+
+`python -m benchmarks.profile_gpu --out DIR` (CUDA only) measures, in one run:
+
+- ``gemm``: every projection shape of the profiled models at several token counts, as
+  bf16 ``F.linear`` (what the engine runs) and, for reference, fp8 rowwise ``_scaled_mm``,
+  each in TFLOP/s beside the 8192^3 bf16 peak measured in the same run. This is the
+  roofline a packed step can reach: no model can beat the matmuls it is made of.
+- ``attention``: ``varlen_attn`` on full 512-token sequences for each model's head layout.
+- ``models``: for each model, throughput against texts per step (pipelined replays, 512
+  tokens a text), batch-1 replay latency, and a kernel profile of one eager (compiled) step
+  at the latency and throughput shapes: CUDA time by kernel class (gemm, attention,
+  fused elementwise, other) and the top kernels, against the wall time of a graph replay
+  of the same shape. The gap between the two is launch and scheduling cost.
+
+Results go to DIR/profile-<tag>.json with the command, the machine and the date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.models import ARCHS, build_random_model
+from benchmarks.pg_common import machine
+from benchmarks.suite import flops_per_token, matmul_tflops
+
+
+def _cuda_ms(fn, reps: int = 20, warmup: int = 3) -> float:
+    """Median CUDA-event time of `fn()` in milliseconds."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def projection_shapes(name: str) -> dict[str, tuple[int, int]]:
+    """(in, out) of each matmul in one layer of architecture `name`."""
+    cfg = ARCHS[name].config
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    heads = cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads") or heads
+    d = cfg.get("head_dim") or h // heads
+    if ARCHS[name].family == "qwen3":
+        return {"qkv": (h, (heads + 2 * kv) * d), "out": (heads * d, h), "gate_up": (h, 2 * inter), "down": (inter, h)}
+    return {"qkv": (h, 3 * h), "out": (h, h), "up": (h, inter), "down": (inter, h)}
+
+
+def part_gemm(models: list[str], token_counts: list[int]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    fp8 = hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")
+    for name in models:
+        rows = {}
+        for label, (k, n) in projection_shapes(name).items():
+            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+            b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+            for m in token_counts:
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                flop = 2 * m * n * k
+                ms = _cuda_ms(lambda: F.linear(x, w, b))
+                row = {"bf16_ms": ms, "bf16_tflops": flop / ms / 1e9}
+                if fp8 and m >= 1024:
+                    try:
+                        xq = x.to(torch.float8_e4m3fn)
+                        wq = w.to(torch.float8_e4m3fn)
+                        sa = torch.ones(m, 1, device="cuda", dtype=torch.float32)
+                        sb = torch.ones(1, n, device="cuda", dtype=torch.float32)
+                        ms8 = _cuda_ms(lambda: torch._scaled_mm(xq, wq.t(), scale_a=sa, scale_b=sb,
+                                                                 out_dtype=torch.bfloat16))
+                        row.update(fp8_ms=ms8, fp8_tflops=flop / ms8 / 1e9)
+                    except Exception as exc:  # noqa: BLE001 - a reference figure only
+                        row["fp8_error"] = f"{type(exc).__name__}: {exc}"[:200]
+                rows[f"{label} {k}->{n} M={m}"] = row
+        out[name] = rows
+    return out
+
+
+def part_attention(models: list[str], seqs: int, length: int) -> dict[str, Any]:
+    from torch.nn.attention.varlen import varlen_attn
+
+    out = {}
+    for name in models:
+        cfg = ARCHS[name].config
+        heads = cfg["num_attention_heads"]
+        d = cfg.get("head_dim") or cfg["hidden_size"] // heads
+        t = seqs * length
+        q, k, v = (torch.randn(t, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        cu = torch.arange(0, t + 1, length, device="cuda", dtype=torch.int32)
+        ms = _cuda_ms(lambda: varlen_attn(q, k, v, cu, cu, length, length))
+        flop = 4 * seqs * length * length * heads * d
+        out[name] = {"tokens": t, "heads": heads, "head_dim": d, "varlen_ms": ms, "varlen_tflops": flop / ms / 1e9}
+    return out
+
+
+def _kernel_class(name: str) -> str:
+    low = name.lower()
+    if any(s in low for s in ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "sm100_")):
+        return "gemm"
+    if "flash" in low or "fmha" in low or "attn" in low:
+        return "attention"
+    if "triton" in low:
+        return "fused_elementwise"
+    return "other"
+
+
+def _profile_eager(engine, seqs: list[list[int]]) -> dict[str, Any]:
+    """CUDA time by kernel of one eager (compiled, not graphed) step of `seqs`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    batch = engine.prepare(seqs)
+    key = batch.key
+
+    def eager() -> None:
+        with torch.inference_mode():
+            engine.attention.activate(key)
+            engine.attention.plan(key, batch.cu_seqlens_cpu, for_graph=False)
+            buf = batch.packed.to(engine.device, non_blocking=True)
+            engine._forward_on(buf, key, batch.cu_seqlens_cpu)
+
+    for _ in range(3):
+        eager()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        eager()
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0:
+            kernels.setdefault(ev.name, []).append(ev.device_time / 1e3)  # ms
+    by_class: dict[str, float] = {}
+    for kname, times in kernels.items():
+        by_class[_kernel_class(kname)] = by_class.get(_kernel_class(kname), 0.0) + sum(times)
+    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:25]
+    return {
+        "kernel_ms_total": sum(by_class.values()),
+        "kernel_launches": sum(len(t) for t in kernels.values()),
+        "by_class_ms": by_class,
+        "top": [{"kernel": k[:160], "class": _kernel_class(k), "calls": len(t), "total_ms": sum(t)} for k, t in top],
+    }
+
+
+def _replay_ms(engine, seqs: list[list[int]], reps: int = 50) -> float:
+    """Wall time of prepare + step + result once the shape's graph is captured (median)."""
+    batch = engine.prepare(seqs)
+    for _ in range(3):
+        engine.step(batch).result()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        engine.step(engine.prepare(seqs)).result()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def _pipelined_rate(engine, seqs: list[list[int]], seconds: float = 1.5) -> float:
+    """Embeddings/s stepping `seqs` back to back with the next prepare overlapping the step."""
+    for _ in range(3):
+        engine.step(engine.prepare(seqs)).result()
+    done, pending = 0, None
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        handle = engine.step(engine.prepare(seqs))
+        if pending is not None:
+            pending.result()
+            done += len(seqs)
+        pending = handle
+    pending.result()
+    done += len(seqs)
+    return done / (time.perf_counter() - start)
+
+
+# Variants: "<model>+<variant>" builds the model with these environment settings.
+VARIANTS = {"gelu": {"FERN_GELU_EPILOGUE": "1"}}
+
+
+def part_models(models: list[str], models_dir: Path, per_step: list[int], peak: float) -> dict[str, Any]:
+    out = {}
+    reference: dict[str, torch.Tensor] = {}
+    for label in models:
+        try:
+            out[label] = _profile_model(label, models_dir, per_step, peak, reference)
+        except Exception as exc:  # noqa: BLE001 - keep the other models' figures
+            traceback.print_exc()
+            out[label] = {"error": f"{type(exc).__name__}: {exc}"}
+        torch.cuda.empty_cache()
+    return out
+
+
+def _profile_model(label: str, models_dir: Path, per_step: list[int], peak: float,
+                   reference: dict[str, torch.Tensor]) -> dict[str, Any]:
+    from core_engine.engine import Engine
+
+    name, _, variant = label.partition("+")
+    env = VARIANTS[variant] if variant else {}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    path = build_random_model(ARCHS[name], models_dir / name, seed=0, dtype=torch.bfloat16, device="cuda")
+    try:
+        engine = Engine(path, name=name, device="cuda", max_step_tokens=max(per_step) * 512)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    fpt = flops_per_token(engine.spec.config, engine.spec.family, 512, engine.spec.causal)
+    text = [list(range(1000, 1512))]
+    query = [list(range(1000, 1128))]
+    probe = torch.from_numpy(engine.embed([list(range(2000 + 7 * i, 2000 + 7 * i + 60 + 50 * i)) for i in range(8)]))
+    if not variant:
+        reference[name] = probe
+    rates = {}
+    for n in per_step:
+        rate = _pipelined_rate(engine, text * n)
+        tflops = rate * 512 * fpt / 1e12
+        rates[str(n)] = {"embeddings_per_s": rate, "tflops": tflops, "mfu": tflops / peak}
+    entry = {
+        "compile_seconds": engine.compile_seconds,
+        "attention": dict(engine.attention.choices),
+        "flops_per_token_512": fpt,
+        "throughput_512": rates,
+        "latency_1x128_replay_ms": _replay_ms(engine, query),
+        "latency_32x512_replay_ms": _replay_ms(engine, text * 32, reps=20),
+        "profile_1x128": _profile_eager(engine, query),
+        "profile_32x512": _profile_eager(engine, text * 32),
+        "counters": engine.counters.as_dict(),
+    }
+    if variant and name in reference:
+        entry["cosine_vs_base_min"] = float(F.cosine_similarity(probe, reference[name], dim=1).min())
+    print(json.dumps({label: {k: v for k, v in entry.items() if not k.startswith("profile")}}, indent=1),
+          flush=True)
+    return entry
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.profile_gpu", description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--models-dir", default="/tmp/fern-models")
+    p.add_argument("--models", nargs="+", default=["bge-m3", "bge-m3+gelu", "pplx-0.6b"])
+    p.add_argument("--per-step", type=int, nargs="+", default=[16, 32, 64, 128])
+    p.add_argument("--tag", default="h200")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("profile_gpu needs a CUDA GPU", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = True
+    peak = matmul_tflops("cuda")
+    result: dict[str, Any] = {
+        "command": "python -m benchmarks.profile_gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": machine(),
+        "device_name": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "matmul_tflops_8192": peak,
+    }
+    archs = list(dict.fromkeys(m.partition("+")[0] for m in args.models))
+    parts = {"gemm": lambda: part_gemm(archs, [128, 8192, 16384, 32768]),
+             "attention_32x512": lambda: part_attention(archs, 32, 512),
+             "models": lambda: part_models(args.models, Path(args.models_dir), args.per_step, peak)}
+    for part, run in parts.items():
+        try:
+            result[part] = run()
+        except Exception as exc:  # noqa: BLE001 - keep the other parts' figures
+            traceback.print_exc()
+            result[part] = {"error": f"{type(exc).__name__}: {exc}"}
+        if part != "models":
+            print(json.dumps({part: result[part]}, indent=1), flush=True)
+    out = Path(args.out) / f"profile-{args.tag}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
