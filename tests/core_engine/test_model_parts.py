@@ -243,3 +243,18 @@ def test_spec_errors_for_missing_files(tmp_path: Path) -> None:
     (tmp_path / "empty" / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         load_spec(tmp_path / "empty")
+
+
+def test_linear_gelu_op_matches_linear_then_gelu_also_under_compile():
+    # The CUDA fast path's op: on the CPU it is exact, so this checks its plumbing (schema,
+    # fake implementation under torch.compile) against the plain two-step computation.
+    from core_engine.layers.mlp import linear_gelu
+
+    torch.manual_seed(0)
+    x, w, b = torch.randn(7, 16), torch.randn(48, 16), torch.randn(48)
+    expected = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b))
+    with torch.inference_mode():
+        torch.testing.assert_close(linear_gelu(x, w, b), expected)
+        compiled = torch.compile(lambda t: linear_gelu(t, w, b), dynamic=True)
+        torch.testing.assert_close(compiled(x), expected)
+        torch.testing.assert_close(compiled(x[:3]), expected[:3])
