@@ -23,17 +23,18 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, signed_sin), each [T, 1, head_dim] in ``dtype``, for ``apply_rotary``.
-
-        ``signed_sin`` is ``[-sin, sin]`` over the two halves, which turns rotate-half into a
-        roll: x*cos + rotate_half(x)*sin == x*cos + roll(x, D/2)*signed_sin.
-        """
+        """(cos, sin), each [T, 1, head_dim / 2] in ``dtype``, for ``apply_rotary``."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        sin = freqs.sin()
-        cos = freqs.cos()
-        return torch.cat((cos, cos), dim=-1)[:, None, :].to(dtype), torch.cat((-sin, sin), dim=-1)[:, None, :].to(dtype)
+        return freqs.cos()[:, None, :].to(dtype), freqs.sin()[:, None, :].to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` [T, H, D] by the per-token angles (rotate-half convention), in three kernels."""
-    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), signed_sin)
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` [T, H, D] by the per-token angles (rotate-half convention).
+
+    With x = [x1, x2] split in halves: [x1 cos - x2 sin, x2 cos + x1 sin], which is
+    transformers' ``x * cos + rotate_half(x) * sin`` with cos/sin repeated over both halves.
+    Written on the halves (no roll, no gather), so torch.compile fuses it with the q/k norm
+    into one kernel that reads and writes each row once.
+    """
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
