@@ -186,8 +186,12 @@ def _pipelined_rate(engine, seqs: list[list[int]], seconds: float = 1.5) -> floa
     return done / (time.perf_counter() - start)
 
 
-# Variants: "<model>+<variant>" builds the model with these environment settings.
-VARIANTS = {"gelu": {"FERN_GELU_EPILOGUE": "1"}}
+# Variants: "<model>+<variant>" builds the model with these environment settings and Engine options.
+VARIANTS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
+    "exact-gelu": ({"FERN_GELU_EPILOGUE": "0"}, {}),
+    "fa2": ({"FERN_FLASHINFER_BACKEND": "fa2", "FERN_FLASHINFER_CONTIGUOUS": "0"}, {"attention": "flashinfer"}),
+    "fa3": ({"FERN_FLASHINFER_BACKEND": "fa3", "FERN_FLASHINFER_CONTIGUOUS": "0"}, {"attention": "flashinfer"}),
+}
 
 
 def part_models(models: list[str], models_dir: Path, per_step: list[int], peak: float) -> dict[str, Any]:
@@ -208,12 +212,12 @@ def _profile_model(label: str, models_dir: Path, per_step: list[int], peak: floa
     from core_engine.engine import Engine
 
     name, _, variant = label.partition("+")
-    env = VARIANTS[variant] if variant else {}
+    env, options = VARIANTS[variant] if variant else ({}, {})
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     path = build_random_model(ARCHS[name], models_dir / name, seed=0, dtype=torch.bfloat16, device="cuda")
     try:
-        engine = Engine(path, name=name, device="cuda", max_step_tokens=max(per_step) * 512)
+        engine = Engine(path, name=name, device="cuda", max_step_tokens=max(per_step) * 512, **options)
     finally:
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
@@ -250,9 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.profile_gpu", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--models-dir", default="/tmp/fern-models")
-    p.add_argument("--models", nargs="+", default=["bge-m3", "bge-m3+gelu", "pplx-0.6b"])
+    p.add_argument("--models", nargs="+", default=["bge-m3", "pplx-0.6b"])
     p.add_argument("--per-step", type=int, nargs="+", default=[16, 32, 64, 128])
     p.add_argument("--tag", default="h200")
+    p.add_argument("--skip", nargs="*", default=[], choices=["gemm", "attention_32x512", "models"])
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("profile_gpu needs a CUDA GPU", file=sys.stderr)
@@ -272,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
              "attention_32x512": lambda: part_attention(archs, 32, 512),
              "models": lambda: part_models(args.models, Path(args.models_dir), args.per_step, peak)}
     for part, run in parts.items():
+        if part in args.skip:
+            continue
         try:
             result[part] = run()
         except Exception as exc:  # noqa: BLE001 - keep the other parts' figures

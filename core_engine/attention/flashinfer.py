@@ -39,6 +39,7 @@ class FlashInferAttention:
         self.causal = causal
         self.dtype = dtype
         self.kernel = os.environ.get("FERN_FLASHINFER_BACKEND", "fa2")
+        self.contiguous = os.environ.get("FERN_FLASHINFER_CONTIGUOUS", "1") != "0"
         self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._eager = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self._workspace, "NHD", backend=self.kernel)
         self._graph_wrappers: dict[GraphKey, object] = {}
@@ -72,4 +73,6 @@ class FlashInferAttention:
             raise RuntimeError("FlashInferAttention called before plan()")
         # Contiguous Q/K/V: a strided view once crashed the kernel ("operation not supported
         # on global/shared address space", GPU-NOTES).
-        return self._active.run(q.contiguous(), k.contiguous(), v.contiguous())
+        if self.contiguous:
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        return self._active.run(q, k, v)
