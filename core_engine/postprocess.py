@@ -19,6 +19,19 @@ import numpy as np
 ENCODINGS = ("float32", "float16", "int8", "binary")
 
 
+if hasattr(np, "vecdot"):  # numpy >= 2
+
+    def _squared_norms(x: np.ndarray) -> np.ndarray:
+        """Each row's dot product with itself, in one C call."""
+        return np.vecdot(x, x)
+
+else:
+
+    def _squared_norms(x: np.ndarray) -> np.ndarray:
+        """Each row's dot product with itself."""
+        return np.einsum("ij,ij->i", x, x)
+
+
 def _rows_int8(x: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(x), -127, 127).astype(np.int8)
 
@@ -38,10 +51,12 @@ def finalize(
     if encoding not in ENCODINGS:
         raise ValueError(f"encoding {encoding!r} is not one of {', '.join(ENCODINGS)}")
 
-    x = x[:, : dimensions or full].astype(np.float32, copy=True)
+    # A query's vector is finalized on the event loop, on caches cold from waiting on the
+    # engine, where each numpy call costs several microseconds: as few calls as possible.
+    # The result never shares memory with `pooled`.
+    x = x[:, : dimensions or full].astype(np.float32, copy=not normalize)
     if normalize:
-        norms = np.linalg.norm(x, axis=1, keepdims=True)
-        x /= np.maximum(norms, 1e-12)
+        x = x / np.maximum(np.sqrt(_squared_norms(x)), 1e-12)[:, None]
 
     if encoding == "float32":
         return x.astype("<f4", copy=False)
