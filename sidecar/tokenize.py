@@ -24,7 +24,9 @@ Such texts go through a twin of the tokenizer that does exactly that: Python's `
 bookkeeping) and a one-regex `Split` pre-tokenizer, with no normalizer at all. The twin
 gives the same ids and tokenizes about 1.4-1.9x faster (`python -m benchmarks.tokenize_bench`).
 Texts that hold an added token's text ("[CLS]" typed by a user) or anything else go through
-the shipped pipeline; a batch is split between the two and put back in order.
+the shipped pipeline; a batch is split between the two and put back in order. A text far over
+the limit has only its head tokenized by the twin (CUT_CHARS_PER_TOKEN), since truncation
+would discard the rest.
 """
 
 from __future__ import annotations
@@ -60,10 +62,28 @@ _ASCII_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 # non-blank character (all of ASCII's are Unicode punctuation) on its own.
 _ASCII_WORDS = r"[a-z0-9]+|[^a-z0-9 \t\n\r]"
 
+# A text the twin truncates is first cut, at a space, to this many characters per token of
+# the limit (English runs 4-5 per token): its head alone is tokenized. When the head fills
+# the limit, its ids are the whole text's (the same words make the same tokens, and
+# truncation keeps only the first ones); when it falls short, the whole text is redone.
+CUT_CHARS_PER_TOKEN = 6
+
 
 def default_workers() -> int:
     """Tokenizer worker threads: a few, since each `encode_batch_fast` call fans out in Rust."""
     return max(2, min(8, os.cpu_count() or 2))
+
+
+def _ids(tokenizer: Tokenizer, texts: list[str], special: bool) -> list[list[int]]:
+    # encode_batch_fast (tokenizers >= 0.21) skips the character offsets Fern never reads.
+    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+    return [e.ids for e in encode(texts, add_special_tokens=special)]
+
+
+def _head(text: str, chars: int) -> str:
+    """`text` up to its last space within `chars` characters (all of it when there is none)."""
+    cut = text.rfind(" ", 0, chars)
+    return text[:cut] if cut > 0 else text
 
 
 class _AsciiTwin:
@@ -76,6 +96,8 @@ class _AsciiTwin:
         config["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": _ASCII_WORDS},
                                    "behavior": "Removed", "invert": True}
         self.tokenizer = Tokenizer.from_str(json.dumps(config))
+        # TextTokenizer truncates at the right with no stride, which the cut in `encode` relies on.
+        self._limit = (config.get("truncation") or {}).get("max_length")
         # A text holding an added token's text must see the shipped pipeline, which matches
         # it before normalizing (case-sensitive) or after (lowercased): either way not here.
         contents = sorted({t["content"] for t in config.get("added_tokens") or []}, key=len, reverse=True)
@@ -92,6 +114,20 @@ class _AsciiTwin:
                 or pre.get("type") != "BertPreTokenizer"):
             return None
         return _AsciiTwin(tokenizer)
+
+    def encode(self, texts: list[str], special: bool) -> list[list[int]]:
+        """Ids of texts that `fits` accepts, as the shipped pipeline gives them."""
+        lowered = [t.lower() for t in texts]
+        if self._limit is None:
+            return _ids(self.tokenizer, lowered, special)
+        chars = self._limit * CUT_CHARS_PER_TOKEN
+        heads = [t if len(t) <= chars else _head(t, chars) for t in lowered]
+        seqs = _ids(self.tokenizer, heads, special)
+        short = [i for i, (t, h, ids) in enumerate(zip(lowered, heads, seqs))
+                 if h is not t and len(ids) < self._limit]
+        for i, ids in zip(short, _ids(self.tokenizer, [lowered[i] for i in short], special)):
+            seqs[i] = ids
+        return seqs
 
     def fits(self, text: str) -> bool:
         """Whether `text` gets the shipped pipeline's ids from the twin (after `str.lower`)."""
@@ -131,25 +167,19 @@ class TextTokenizer:
         self.workers = workers or default_workers()
         self._pool = ThreadPoolExecutor(self.workers,
                                         thread_name_prefix="fern-tokenize")
-        # tokenizers >= 0.21 can skip computing character offsets, which Fern never reads.
-        self._fast = hasattr(self._full, "encode_batch_fast")
 
     def _batch(self, tokenizer: Tokenizer, twin: _AsciiTwin | None, texts: list[str],
                special: bool) -> list[list[int]]:
         if twin is None or not texts:
-            return self._ids(tokenizer, texts, special)
+            return _ids(tokenizer, texts, special)
         if twin.fits("\n".join(texts)):  # one pass over the batch: the common case
-            return self._ids(twin.tokenizer, [t.lower() for t in texts], special)
+            return twin.encode(texts, special)
         fast = [twin.fits(t) for t in texts]
         if not any(fast):
-            return self._ids(tokenizer, texts, special)
-        easy = iter(self._ids(twin.tokenizer, [t.lower() for t, f in zip(texts, fast) if f], special))
-        hard = iter(self._ids(tokenizer, [t for t, f in zip(texts, fast) if not f], special))
+            return _ids(tokenizer, texts, special)
+        easy = iter(twin.encode([t for t, f in zip(texts, fast) if f], special))
+        hard = iter(_ids(tokenizer, [t for t, f in zip(texts, fast) if not f], special))
         return [next(easy) if f else next(hard) for f in fast]
-
-    def _ids(self, tokenizer: Tokenizer, texts: list[str], special: bool) -> list[list[int]]:
-        encode = tokenizer.encode_batch_fast if self._fast else tokenizer.encode_batch
-        return [e.ids for e in encode(texts, add_special_tokens=special)]
 
     @classmethod
     def for_spec(cls, spec: ModelSpec, workers: int | None = None) -> "TextTokenizer":

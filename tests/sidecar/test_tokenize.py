@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from core_engine.config import load_spec
 from core_engine.loader import default_model_dir
 from sidecar.errors import EmbedError
-from sidecar.tokenize import SLICE_TEXTS, TextTokenizer
+from sidecar.tokenize import CUT_CHARS_PER_TOKEN, SLICE_TEXTS, TextTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -125,12 +125,16 @@ def _differential_texts(seed: int) -> list[str]:
         "Ångström ß ﬁ ligature", "mixed ascii and é", "Ελληνικά русский עברית العربية",
         "\ufffdreplacement", "—dashes– “quotes” ‘single’ …", "tab\tand\nnewline",
     ]
+    # Longer than the twin's cut: [UNK]-sized words (few tokens, so the head falls short),
+    # no space to cut at, one at the cut's edge, a limit filled by digits and punctuation.
+    longer = [("q" * 150 + " ") * 20, "w" * 3000, "word " * 306 + "antidisestablishmentarianism " * 9,
+              "1,2;3.4!" * 300, "short\n" * 400, "a " * 300, "x" * 1535 + " tail words"]
     pieces = fixed + ["word", "Word", "WORD", ",", ".", "!", "?", "-", "'", "[", "]", "(", ")", "42",
                       "transformers", "tokenization", "é", "中", "\t", "\n", "\x07", "[SEP]", "  "]
     made = ["".join(rng.choice(printable) for _ in range(rng.randint(1, 1500))) for _ in range(150)]
     made += [" ".join(rng.choice(pieces) for _ in range(rng.randint(1, 400))) for _ in range(150)]
     made += ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 200))) for _ in range(100)]
-    return fixed + made
+    return fixed + longer + made
 
 
 def _cut(ids: list[int], limit: int) -> list[int]:
@@ -147,11 +151,17 @@ def test_ids_equal_the_shipped_pipeline_on_every_kind_of_text(spec, tok):
     reference = Tokenizer.from_file(str(spec.tokenizer_path))
     reference.no_padding()
     reference.no_truncation()
-    texts = _differential_texts(7)
+    # The twin's cut falls inside a long word whose first piece is the last token kept.
+    edge = "hello " * (spec.max_tokens - 3) + "antidisestablishmentarianism" + " more" * 50
+    assert len(edge) - 250 - 28 < spec.max_tokens * CUT_CHARS_PER_TOKEN < len(edge) - 250
+    texts = _differential_texts(7) + [edge]
     full = [e.ids for e in reference.encode_batch(texts)]
     plain = [e.ids for e in reference.encode_batch(texts, add_special_tokens=False)]
     assert any(len(ids) > spec.max_tokens for ids in full)  # truncation is exercised
     assert any(100 in ids for ids in plain)  # [UNK] is exercised
+    cut_at = spec.max_tokens * CUT_CHARS_PER_TOKEN
+    over = [(len(t), len(ids)) for t, ids in zip(texts, plain) if len(t) > cut_at and " " in t]
+    assert any(n < spec.max_tokens for _, n in over) and any(n > spec.max_tokens for _, n in over)
     ascii_only = [i for i, t in enumerate(texts) if tok._full_twin.fits(t)]
     assert 0 < len(ascii_only) < len(texts)  # both paths are exercised
     assert tok.encode(texts) == [_cut(ids, spec.max_tokens) for ids in full]
