@@ -36,6 +36,12 @@ After the interleaved part, each length also runs `--iters` engine calls, then b
 calls, then sidecar calls back to back (`back_to_back`), as `fern bench`'s latency part
 calls the sidecar.
 
+`--engine-us N` swaps the engines' forward pass (here and in the sidecar) for a stand-in
+whose result is ready N microseconds after `step()` returns, as a GPU step's event is:
+the sidecar's own path then runs as it does beside a GPU (its threads idle while the step
+runs, no CPU forward pass evicting its caches), so changes to it can be compared on a CPU
+machine. Only the engine stage is simulated; everything else is the real sidecar.
+
 The checkpoint wrappers cost well under a microsecond each (measured: `checkpoint_ns`).
 Results go to benchmarks/results/overhead-<device>.json with the command, machine and date.
 """
@@ -145,6 +151,33 @@ def _instrument_engine(engine, trace: Trace) -> None:
     engine.prepare, engine.step = timed_prepare, timed_step
 
 
+class _ReadyAt:
+    """A stand-in step's handle: zeros, ready at a perf_counter() instant (`--engine-us`)."""
+
+    def __init__(self, rows: np.ndarray, ready: float) -> None:
+        self._rows, self._ready = rows, ready
+
+    def done(self) -> bool:
+        return time.perf_counter() >= self._ready
+
+    def result(self) -> np.ndarray:
+        wait = self._ready - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)  # releases the GIL, as an event wait does
+        return self._rows
+
+
+def _stand_in_forward(engine, seconds: float) -> None:
+    """Make `engine.step` return at once with a handle ready `seconds` later (prepare stays real)."""
+    dimensions = engine.spec.dimensions
+
+    def step(batch):
+        rows = np.zeros((batch.num_seqs, dimensions), dtype=np.float32)
+        return _ReadyAt(rows, time.perf_counter() + seconds)
+
+    engine.step = step
+
+
 class _TimedHandle:
     """An engine handle that records (prepare start, result end) when its result is taken."""
 
@@ -206,6 +239,10 @@ async def serve(args: argparse.Namespace) -> None:
         return
     source = ModelSource(Path(args.model) if args.model else None)
     registry = await asyncio.to_thread(Registry.load, [source], device=args.device)
+    if args.engine_us:
+        for served in registry:
+            for engine in served.engines:
+                _stand_in_forward(engine, args.engine_us / 1e6)
     sidecar = Sidecar(registry, host="127.0.0.1", port=args.port, token=args.token)
     trace = Trace()
     if not args.no_trace:
@@ -243,6 +280,8 @@ def _start_server(args: argparse.Namespace, trace_path: Path, log_path: Path, *,
         command += ["--token", args.token]
     if args.no_trace:
         command += ["--no-trace"]
+    if args.engine_us:
+        command += ["--engine-us", str(args.engine_us)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(args.threads))
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -291,6 +330,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     trace_path = Path(f"/tmp/fern-overhead-trace-{os.getpid()}.json")
     log_path = Path(f"/tmp/fern-overhead-sidecar-{os.getpid()}.log")
     engine = Engine(args.model, device=args.device)
+    if args.engine_us:
+        _stand_in_forward(engine, args.engine_us / 1e6)
     process, target = _start_server(args, trace_path, log_path)
     bare_trace_path = trace_path.with_suffix(".bare.json")
     bare_process, bare_target = _start_server(args, bare_trace_path, log_path.with_suffix(".bare.log"),
@@ -400,6 +441,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "device": args.device},
         "git_commit": _git_commit(),
         "model": engine.spec.name,
+        "engine_stand_in_us": args.engine_us or None,
         "iters": args.iters,
         "checkpoint_ns": _wrapper_cost_ns(),
         "lengths": results,
@@ -460,6 +502,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS))
     p.add_argument("--token", default=None, help="run the sidecar with auth on (as production does)")
     p.add_argument("--no-trace", action="store_true", help="no checkpoint wrappers in the sidecar")
+    p.add_argument("--engine-us", type=int, default=0,
+                   help="stand-in forward pass ready this many us after step() (0: the real engine)")
     p.add_argument("--out", default=None,
                    help="JSON path (default: benchmarks/results/overhead-<device type>.json)")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
