@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -27,7 +28,8 @@ class Request:
 
     lane: Lane
     sequences: Sequence[Sequence[int]]
-    offsets: np.ndarray  # int64 [N+1]: offsets[i] = tokens in sequences[:i]
+    offsets: list[int]  # [N+1]: offsets[i] = tokens in sequences[:i] (Python ints: no numpy
+    # scalar arithmetic on a query's path, where every call runs on cold caches)
     deadline: float | None  # time.monotonic()
     out: np.ndarray  # float32 [N, D], filled as steps complete
     remaining: int  # sequences whose vectors have not come back yet
@@ -41,7 +43,7 @@ class Request:
         return len(self.sequences)
 
     def tokens(self, start: int, end: int) -> int:
-        return int(self.offsets[end] - self.offsets[start])
+        return self.offsets[end] - self.offsets[start]
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
@@ -137,7 +139,7 @@ class LaneQueue:
             room = budget - took.tokens
             # Largest end with tokens(start, end) <= room.
             limit = request.offsets[chunk.start] + room
-            end = int(np.searchsorted(request.offsets, limit, side="right")) - 1
+            end = bisect_right(request.offsets, limit) - 1
             end = min(end, chunk.end, chunk.start + max_sequences - took.sequences)
             if end <= chunk.start:
                 if oversize_ok and not took.chunks:

@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections import deque
+from itertools import accumulate
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -287,7 +288,7 @@ class Scheduler:
             timer = self._loop.call_later(max(0.0, deadline - time.monotonic()), self._expire, request)
         try:
             with self._cond:
-                lane_has_waiters = any(w.lane == lane for w in self._waiters)
+                lane_has_waiters = bool(self._waiters) and any(w.lane == lane for w in self._waiters)
                 admitted = queue.fits(tokens) and not (wait and lane_has_waiters)
                 if admitted:
                     self._admit_locked(request)
@@ -416,12 +417,10 @@ class Scheduler:
             )
 
     def _new_request(self, sequences: Sequence[Sequence[int]], lane: Lane, deadline: float | None) -> Request:
-        lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
-        if lengths.size and lengths.min() == 0:
-            index = int(np.argmin(lengths))
-            raise ValueError(f"sequences[{index}]: empty token sequence")
-        offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        lengths = list(map(len, sequences))
+        if lengths and min(lengths) == 0:
+            raise ValueError(f"sequences[{lengths.index(0)}]: empty token sequence")
+        offsets = list(accumulate(lengths, initial=0))
         return Request(
             lane=lane,
             sequences=sequences,
