@@ -6,6 +6,7 @@ database host without torch.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -121,14 +122,24 @@ class EmbedOptions:
 
     def request(self, request_id: str = "", texts: Sequence[str] | None = None,
                 token_ids: Sequence[Sequence[int]] | None = None) -> pb.EmbedRequest:
+        if isinstance(texts, str):
+            raise TypeError("texts must be a sequence of strings, not one string")
+        req = pb.EmbedRequest(request_id=request_id)
+        req.MergeFrom(self._options_message)
+        if texts is not None:
+            req.texts.extend(texts)
+        if token_ids is not None:
+            req.token_ids.extend(pb.TokenIds(ids=list(ids)) for ids in token_ids)
+        return req
+
+    @functools.cached_property
+    def _options_message(self) -> pb.EmbedRequest:
+        """These options as a request with no inputs: checked and built once, merged into each request."""
         if self.lane not in _LANES:
             raise ValueError(f"lane must be one of {sorted(_LANES)}, got {self.lane!r}")
         if self.encoding not in _ENCODINGS:
             raise ValueError(f"encoding must be one of {sorted(_ENCODINGS)}, got {self.encoding!r}")
-        if isinstance(texts, str):
-            raise TypeError("texts must be a sequence of strings, not one string")
         req = pb.EmbedRequest(
-            request_id=request_id,
             model=self.model,
             lane=_LANES[self.lane],
             prompt_name=self.prompt or "",
@@ -139,11 +150,24 @@ class EmbedOptions:
         )
         if self.normalize is not None:
             req.normalize = self.normalize
-        if texts is not None:
-            req.texts.extend(texts)
-        if token_ids is not None:
-            req.token_ids.extend(pb.TokenIds(ids=list(ids)) for ids in token_ids)
         return req
+
+
+_DEFAULT_OPTIONS = EmbedOptions()
+
+
+def _options(options: dict) -> EmbedOptions:
+    """The EmbedOptions of a call's keyword arguments (the shared default one when there are none)."""
+    return EmbedOptions(**options) if options else _DEFAULT_OPTIONS
+
+
+def _array(repeated, dtype: type) -> np.ndarray:
+    """A protobuf repeated scalar field as a numpy array.
+
+    np.fromiter, not np.asarray: asarray probes the container for the array protocols
+    before it iterates, which cost ~0.1 ms per call on a query's path (measured, 2-core host).
+    """
+    return np.fromiter(repeated, dtype=dtype, count=len(repeated))
 
 
 def decode_response(resp: pb.EmbedResponse) -> Embeddings:
@@ -153,13 +177,13 @@ def decode_response(resp: pb.EmbedResponse) -> Embeddings:
     vectors = np.frombuffer(resp.vectors, dtype=_DTYPES[encoding]).reshape(resp.count, cols)
     sparse = None
     if len(resp.sparse):
-        sparse = [SparseVector(np.asarray(s.indices, dtype=np.uint32),
-                               np.asarray(s.values, dtype=np.float32)) for s in resp.sparse]
+        sparse = [SparseVector(_array(s.indices, np.uint32), _array(s.values, np.float32))
+                  for s in resp.sparse]
     return Embeddings(
         vectors=vectors,
         dimensions=resp.dimensions,
         encoding=encoding,
-        token_counts=np.asarray(resp.token_counts, dtype=np.int64),
+        token_counts=_array(resp.token_counts, np.int64),
         model=resp.model,
         request_id=resp.request_id,
         sparse=sparse,
@@ -244,12 +268,12 @@ class FernClient:
 
     def embed(self, texts: Sequence[str], *, timeout: float | None = None, **options) -> Embeddings:
         """Embeds texts; options are EmbedOptions' fields (model, lane, prompt, normalize, ...)."""
-        return self._call(EmbedOptions(**options).request(texts=texts), timeout)
+        return self._call(_options(options).request(texts=texts), timeout)
 
     def embed_tokens(self, token_ids: Sequence[Sequence[int]], *, timeout: float | None = None,
                      **options) -> Embeddings:
         """Embeds pre-tokenized inputs (special tokens included)."""
-        return self._call(EmbedOptions(**options).request(token_ids=token_ids), timeout)
+        return self._call(_options(options).request(token_ids=token_ids), timeout)
 
     def embed_stream(self, items: Iterable, *, timeout: float | None = None,
                      **options) -> Iterator[StreamResult]:
@@ -340,11 +364,11 @@ class AsyncFernClient:
 
     async def embed(self, texts: Sequence[str], *, timeout: float | None = None,
                     **options) -> Embeddings:
-        return await self._call(EmbedOptions(**options).request(texts=texts), timeout)
+        return await self._call(_options(options).request(texts=texts), timeout)
 
     async def embed_tokens(self, token_ids: Sequence[Sequence[int]], *,
                            timeout: float | None = None, **options) -> Embeddings:
-        return await self._call(EmbedOptions(**options).request(token_ids=token_ids), timeout)
+        return await self._call(_options(options).request(token_ids=token_ids), timeout)
 
     async def embed_stream(self, items: Iterable | AsyncIterable, *,
                            timeout: float | None = None, **options) -> AsyncIterator[StreamResult]:

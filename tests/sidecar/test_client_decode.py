@@ -19,6 +19,7 @@ def test_dense_encodings_round_trip(encoding, dtype):
     assert out.vectors.dtype == np.dtype(dtype)
     np.testing.assert_array_equal(out.vectors, vectors)
     assert out.token_counts.tolist() == [4, 5, 6]
+    assert out.token_counts.dtype == np.int64
     assert (out.request_id, out.model, out.dimensions, len(out)) == ("r", "m", 5, 3)
 
 
@@ -38,6 +39,7 @@ def test_sparse_vectors_decode_per_input():
     sparse = decode_response(resp).sparse
     assert sparse[0].indices.tolist() == [7, 9]
     assert sparse[0].values.tolist() == [0.5, 1.5]
+    assert (sparse[0].indices.dtype, sparse[0].values.dtype) == (np.uint32, np.float32)
 
 
 def test_stream_error_keeps_code_message_and_index():
@@ -62,3 +64,16 @@ def test_options_reject_bad_values_before_sending():
 def test_unset_normalize_means_model_default():
     assert not EmbedOptions().request(texts=["a"]).HasField("normalize")
     assert EmbedOptions(normalize=False).request(texts=["a"]).HasField("normalize")
+
+
+def test_every_option_reaches_the_request_and_requests_share_nothing():
+    options = EmbedOptions(model="m", lane="batch", prompt="query", normalize=True, truncate=False,
+                           dimensions=8, encoding="int8", sparse=True)
+    first = options.request("a", texts=["x", "y"])
+    second = options.request("b", token_ids=[[1, 2]])
+    assert (first.request_id, list(first.texts), len(first.token_ids)) == ("a", ["x", "y"], 0)
+    assert (second.request_id, list(second.texts), list(second.token_ids[0].ids)) == ("b", [], [1, 2])
+    for req in (first, second):
+        assert (req.model, req.lane, req.prompt_name, req.normalize, req.truncation, req.dimensions,
+                req.encoding, req.return_sparse) == (
+            "m", pb.LANE_BATCH, "query", True, pb.TRUNCATION_ERROR, 8, pb.ENCODING_INT8, True)
