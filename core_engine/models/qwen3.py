@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from core_engine.attention.base import AttentionBackend, AttentionMetadata
@@ -20,7 +19,8 @@ from core_engine.config import ModelSpec
 from core_engine.layers.linear import fuse_rows
 from core_engine.layers.mlp import SwiGLU
 from core_engine.layers.norm import RMSNorm
-from core_engine.layers.rotary import RotaryEmbedding, apply_rotary
+from core_engine.layers.qk_norm_rope import qk_norm_rope
+from core_engine.layers.rotary import RotaryEmbedding
 from core_engine.pooling import POOLERS
 
 
@@ -59,9 +59,7 @@ class Qwen3Layer(nn.Module):
     ) -> torch.Tensor:
         t, d = x.shape[0], self.head_dim
         qk, v = self.qkv(self.input_norm(x)).split([(self.heads + self.kv_heads) * d, self.kv_heads * d], dim=-1)
-        # Normalize first, then weight, rounding in between as transformers' Qwen3RMSNorm does.
-        qk = F.rms_norm(qk.view(t, -1, d), (d,), None, self.eps) * self.qk_norm_weight
-        qk = apply_rotary(qk, cos, sin)
+        qk = qk_norm_rope(qk.view(t, -1, d), self.qk_norm_weight, cos, sin, self.eps)
         q, k = qk.split([self.heads, self.kv_heads], dim=1)
         a = self.attention(q, k, v.view(t, self.kv_heads, d), meta).reshape(t, -1)
         x = x + self.out(a)

@@ -258,3 +258,51 @@ def test_linear_gelu_op_matches_linear_then_gelu_also_under_compile():
         compiled = torch.compile(lambda t: linear_gelu(t, w, b), dynamic=True)
         torch.testing.assert_close(compiled(x), expected)
         torch.testing.assert_close(compiled(x[:3]), expected[:3])
+
+
+_TRITON_INTERPRET_CHECK = r"""
+import torch
+from core_engine.layers import qk_norm_rope as m
+torch.manual_seed(0)
+for t, heads, d in ((1, 3, 64), (37, 24, 128), (5, 2, 32)):
+    wide = torch.randn(t, heads * d + 2 * d)
+    qk = wide[:, : heads * d].view(t, heads, d)
+    weight = torch.rand(heads, d) + 0.5
+    angles = torch.rand(t, 1, d // 2) * 6.0
+    got = m._triton_qk_norm_rope(qk, weight, angles.cos(), angles.sin(), 1e-6)
+    want = m.qk_norm_rope_reference(qk, weight, angles.cos(), angles.sin(), 1e-6)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+print("ok")
+"""
+
+
+def test_qk_norm_rope_triton_kernel_matches_torch_formula_in_interpreter():
+    # The CUDA kernel's arithmetic and indexing (strided rows, halves, per-head weight), run by
+    # Triton's CPU interpreter in float32 against the torch formula. Needs Triton installed
+    # (it is on GPU hosts; the CPU install has none, and the engine then uses the formula).
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", _TRITON_INTERPRET_CHECK], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_qk_norm_rope_op_on_cpu_is_the_torch_formula_under_compile():
+    from core_engine.layers.qk_norm_rope import qk_norm_rope, qk_norm_rope_reference
+
+    torch.manual_seed(0)
+    wide = torch.randn(9, 6 * 64 + 64)
+    qk = wide[:, : 6 * 64].view(9, 6, 64)
+    weight, angles = torch.rand(6, 64) + 0.5, torch.rand(9, 1, 32)
+    want = qk_norm_rope_reference(qk, weight, angles.cos(), angles.sin(), 1e-6)
+    with torch.inference_mode():
+        compiled = torch.compile(lambda x: qk_norm_rope(x, weight, angles.cos(), angles.sin(), 1e-6), dynamic=True)
+        got = compiled(qk)
+    torch.testing.assert_close(got, want)
+    assert got.is_contiguous()
