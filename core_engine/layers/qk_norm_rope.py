@@ -44,7 +44,7 @@ def qk_norm_rope_reference(qk: torch.Tensor, weight: torch.Tensor, cos: torch.Te
 if triton is not None:
 
     @triton.jit
-    def _qk_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, rows, heads,
+    def _qk_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, rows, heads, q_heads,
                              x_stride_t, x_stride_h, cs_stride_t, eps,
                              HALF: tl.constexpr, BLOCK_ROWS: tl.constexpr):
         row = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -63,27 +63,35 @@ if triton is not None:
         cs_at = t[:, None] * cs_stride_t + col[None, :]
         c = tl.load(cos_ptr + cs_at, mask=mask, other=0.0).to(tl.float32)
         s = tl.load(sin_ptr + cs_at, mask=mask, other=0.0).to(tl.float32)
-        out_at = out_ptr + row[:, None] * (2 * HALF) + col[None, :]
-        tl.store(out_at, (y1 * c - y2 * s).to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(out_at + HALF, (y2 * c + y1 * s).to(out_ptr.dtype.element_ty), mask=mask)
+        o1 = (y1 * c - y2 * s).to(q_ptr.dtype.element_ty)
+        o2 = (y2 * c + y1 * s).to(q_ptr.dtype.element_ty)
+        # q heads go to q [T, q_heads, D], k heads to k [T, heads - q_heads, D], both contiguous.
+        is_q = (h < q_heads)[:, None]
+        q_at = q_ptr + (t[:, None] * q_heads + h[:, None]) * (2 * HALF) + col[None, :]
+        k_at = k_ptr + (t[:, None] * (heads - q_heads) + h[:, None] - q_heads) * (2 * HALF) + col[None, :]
+        tl.store(q_at, o1, mask=mask & is_q)
+        tl.store(q_at + HALF, o2, mask=mask & is_q)
+        tl.store(k_at, o1, mask=mask & ~is_q)
+        tl.store(k_at + HALF, o2, mask=mask & ~is_q)
 
 
 def _triton_qk_norm_rope(qk: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                         eps: float) -> torch.Tensor:
+                         eps: float, q_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     t, heads, d = qk.shape
-    out = torch.empty((t, heads, d), dtype=qk.dtype, device=qk.device)
+    q = torch.empty((t, q_heads, d), dtype=qk.dtype, device=qk.device)
+    k = torch.empty((t, heads - q_heads, d), dtype=qk.dtype, device=qk.device)
     rows = t * heads
     if rows == 0:
-        return out
+        return q, k
     if qk.stride(2) != 1:
         qk = qk.contiguous()
     weight = weight.contiguous()
     cos2, sin2 = cos.reshape(t, d // 2).contiguous(), sin.reshape(t, d // 2).contiguous()
     block_rows = 16
     _qk_norm_rope_kernel[(triton.cdiv(rows, block_rows),)](
-        qk, weight, cos2, sin2, out, rows, heads, qk.stride(0), qk.stride(1), cos2.stride(0), eps,
+        qk, weight, cos2, sin2, q, k, rows, heads, q_heads, qk.stride(0), qk.stride(1), cos2.stride(0), eps,
         HALF=d // 2, BLOCK_ROWS=block_rows, num_warps=4)
-    return out
+    return q, k
 
 
 # device index -> whether the Triton kernel passed its check there
@@ -112,7 +120,7 @@ def _check(device: torch.device) -> bool:
         weight = torch.rand(heads, d, generator=gen, device=device, dtype=torch.bfloat16) + 0.5
         angles = torch.rand(t, 1, d // 2, generator=gen, device=device) * 6.0
         cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
-        got = _triton_qk_norm_rope(qk, weight, cos, sin, 1e-6).float()
+        got = torch.cat(_triton_qk_norm_rope(qk, weight, cos, sin, 1e-6, 16), dim=1).float()
         want = qk_norm_rope_reference(qk.float(), weight.float(), cos.float(), sin.float(), 1e-6)
         err = (got - want).abs().max().item()
         if not err < 0.05:  # bf16 output of values up to ~5: a few rounding steps at most
@@ -126,14 +134,20 @@ def _check(device: torch.device) -> bool:
 
 @torch.library.custom_op("fern::qk_norm_rope", mutates_args=())
 def qk_norm_rope(qk: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 eps: float) -> torch.Tensor:
-    """Normalized and rotated q/k heads [T, H, D] (contiguous) from qk [T, H, D]; see the module doc."""
+                 eps: float, q_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, q_heads, D] and k [T, H - q_heads, D], normalized and rotated, each contiguous.
+
+    From qk [T, H, D] (q heads first); see the module doc. Separate contiguous outputs keep
+    the attention kernel from copying strided q/k views (two copies a layer on the H200).
+    """
     if qk.is_cuda and qk.shape[-1] % 2 == 0 and _kernel_ok(qk.device):
-        return _triton_qk_norm_rope(qk, weight, cos, sin, eps)
-    return qk_norm_rope_reference(qk, weight, cos, sin, eps).contiguous()
+        return _triton_qk_norm_rope(qk, weight, cos, sin, eps, q_heads)
+    out = qk_norm_rope_reference(qk, weight, cos, sin, eps)
+    return out[:, :q_heads].contiguous(), out[:, q_heads:].contiguous()
 
 
 @qk_norm_rope.register_fake
 def _qk_norm_rope_fake(qk: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                       eps: float) -> torch.Tensor:
-    return qk.new_empty(qk.shape)
+                       eps: float, q_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    t, heads, d = qk.shape
+    return qk.new_empty((t, q_heads, d)), qk.new_empty((t, heads - q_heads, d))

@@ -59,8 +59,7 @@ class Qwen3Layer(nn.Module):
     ) -> torch.Tensor:
         t, d = x.shape[0], self.head_dim
         qk, v = self.qkv(self.input_norm(x)).split([(self.heads + self.kv_heads) * d, self.kv_heads * d], dim=-1)
-        qk = qk_norm_rope(qk.view(t, -1, d), self.qk_norm_weight, cos, sin, self.eps)
-        q, k = qk.split([self.heads, self.kv_heads], dim=1)
+        q, k = qk_norm_rope(qk.view(t, -1, d), self.qk_norm_weight, cos, sin, self.eps, self.heads)
         a = self.attention(q, k, v.view(t, self.kv_heads, d), meta).reshape(t, -1)
         x = x + self.out(a)
         return x + self.mlp(self.post_norm(x))
