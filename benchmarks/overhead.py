@@ -36,6 +36,8 @@ After the interleaved part, each length also runs `--iters` engine calls, then b
 calls, then sidecar calls back to back (`back_to_back`), as `fern bench`'s latency part
 calls the sidecar.
 
+`--loop uvloop` runs both servers on uvloop's event loop instead of asyncio's.
+
 `--engine-us N` swaps the engines' forward pass (here and in the sidecar) for a stand-in
 whose result is ready N microseconds after `step()` returns, as a GPU step's event is:
 the sidecar's own path then runs as it does beside a GPU (its threads idle while the step
@@ -282,6 +284,8 @@ def _start_server(args: argparse.Namespace, trace_path: Path, log_path: Path, *,
         command += ["--no-trace"]
     if args.engine_us:
         command += ["--engine-us", str(args.engine_us)]
+    if args.loop != "asyncio":
+        command += ["--loop", args.loop]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(args.threads))
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -442,6 +446,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "git_commit": _git_commit(),
         "model": engine.spec.name,
         "engine_stand_in_us": args.engine_us or None,
+        "server_event_loop": args.loop,
         "iters": args.iters,
         "checkpoint_ns": _wrapper_cost_ns(),
         "lengths": results,
@@ -506,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="stand-in forward pass ready this many us after step() (0: the real engine)")
     p.add_argument("--out", default=None,
                    help="JSON path (default: benchmarks/results/overhead-<device type>.json)")
+    p.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
+                   help="event loop of the sidecar and bare servers (uvloop: if installed)")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--trace", default=None, help=argparse.SUPPRESS)
@@ -513,7 +520,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dimensions", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
-        asyncio.run(serve(args))
+        if args.loop == "uvloop":
+            import uvloop
+
+            uvloop.run(serve(args))
+        else:
+            asyncio.run(serve(args))
         return 0
     if args.out is None:
         args.out = f"benchmarks/results/overhead-{args.device.split(':')[0]}.json"
