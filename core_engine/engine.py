@@ -145,7 +145,8 @@ class Engine:
         if max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be >= 1, got {max_step_tokens}")
         self.max_step_tokens = max_step_tokens
-        self.attention = make_attention(attention, self.device, self.spec, self.dtype)
+        self.attention = make_attention(attention, self.device, self.spec, self.dtype,
+                                        max_tokens=self.buckets.tokens(max_step_tokens))
         self.model = build_model(self.spec, self.device, self.dtype, self.attention)
         self.model.eval()
         self._cuda = self.device.type == "cuda"

@@ -16,6 +16,16 @@ if TYPE_CHECKING:
 WORKSPACE_BYTES = 128 << 20
 
 
+def workspace_bytes(shape: "AttentionShape", max_tokens: int) -> int:
+    """Scratch space for steps of up to `max_tokens`: at least WORKSPACE_BYTES, more for big steps.
+
+    The prefill kernels may split sequences and keep float32 partial outputs for every
+    token and head: a 65,536-token BGE-M3 step asked for 200 MB (and failed in 128 MB).
+    """
+    partials = max_tokens * shape.num_qo_heads * (shape.head_dim + 2) * 4
+    return max(WORKSPACE_BYTES, partials + (32 << 20))
+
+
 class FlashInferAttention:
     """`BatchPrefillWithRaggedKVCacheWrapper` (no KV cache; causal or not) behind the backend protocol.
 
@@ -30,7 +40,7 @@ class FlashInferAttention:
     name = "flashinfer"
 
     def __init__(self, device: torch.device, shape: "AttentionShape", causal: bool,
-                 dtype: torch.dtype = torch.bfloat16) -> None:
+                 dtype: torch.dtype = torch.bfloat16, max_tokens: int = 16384) -> None:
         import flashinfer
 
         self._flashinfer = flashinfer
@@ -40,7 +50,7 @@ class FlashInferAttention:
         self.dtype = dtype
         self.kernel = os.environ.get("FERN_FLASHINFER_BACKEND", "fa2")
         self.contiguous = os.environ.get("FERN_FLASHINFER_CONTIGUOUS", "1") != "0"
-        self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self._workspace = torch.empty(workspace_bytes(shape, max_tokens), dtype=torch.uint8, device=device)
         self._eager = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self._workspace, "NHD", backend=self.kernel)
         self._graph_wrappers: dict[GraphKey, object] = {}
         self._active: object | None = None

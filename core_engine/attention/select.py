@@ -174,7 +174,7 @@ def _time_graph(engine: "Engine", batch: Any, repeats: int) -> float:
 
 
 def make_attention(name: str, device: torch.device, spec: "ModelSpec",
-                   dtype: torch.dtype = torch.bfloat16) -> AttentionSelector:
+                   dtype: torch.dtype = torch.bfloat16, max_tokens: int = 16384) -> AttentionSelector:
     """The attention the engine builds its model with.
 
     "auto": the CPU path on CPU; on CUDA `varlen` plus FlashInfer where it can serve the model,
@@ -187,7 +187,8 @@ def make_attention(name: str, device: torch.device, spec: "ModelSpec",
         candidates: dict[str, AttentionBackend] = {"varlen": get_backend("varlen")}
         why_not = flashinfer_usable(shape)
         if why_not is None:
-            candidates["flashinfer"] = get_backend("flashinfer", device=device, shape=shape, causal=spec.causal, dtype=dtype)
+            candidates["flashinfer"] = get_backend("flashinfer", device=device, shape=shape, causal=spec.causal,
+                                                   dtype=dtype, max_tokens=max_tokens)
         else:
             log.info("FlashInfer not a candidate for %s: %s", spec.name, why_not)
         return AttentionSelector(candidates, forced=None)
@@ -197,7 +198,8 @@ def make_attention(name: str, device: torch.device, spec: "ModelSpec",
         why_not = flashinfer_usable(shape)
         if why_not is not None:
             raise ValueError(f"attention 'flashinfer' cannot serve {spec.name!r}: {why_not}")
-        backend = get_backend("flashinfer", device=device, shape=shape, causal=spec.causal, dtype=dtype)
+        backend = get_backend("flashinfer", device=device, shape=shape, causal=spec.causal, dtype=dtype,
+                              max_tokens=max_tokens)
     else:
         backend = get_backend(name)
     return AttentionSelector({name: backend}, forced=name)

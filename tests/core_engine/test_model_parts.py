@@ -311,3 +311,13 @@ def test_qk_norm_rope_op_on_cpu_is_the_torch_formula_under_compile():
     torch.testing.assert_close(q, want[:, :4])
     torch.testing.assert_close(k, want[:, 4:])
     assert q.is_contiguous() and k.is_contiguous()
+
+
+def test_flashinfer_workspace_grows_with_the_largest_step():
+    from core_engine.attention.flashinfer import WORKSPACE_BYTES, workspace_bytes
+    from core_engine.attention.select import AttentionShape
+
+    bge_m3 = AttentionShape(num_qo_heads=16, num_kv_heads=16, head_dim=64)
+    assert workspace_bytes(bge_m3, 8192) == WORKSPACE_BYTES
+    # What FlashInfer 0.7.4 asked for on an H200 for one 65,536-token step of this shape.
+    assert workspace_bytes(bge_m3, 65536) > 200_802_304
