@@ -31,6 +31,10 @@ from sidecar.lanes import Chunk, Lane, LaneQueue, Request
 
 log = logging.getLogger(__name__)
 
+# A worker that leaves queued work to a less loaded one (several engines) checks this often
+# whether its own step has finished; a change of loads wakes it at once.
+_POLL_S = 0.0002
+
 _FAILED = object()  # what an engine call returns here when it raised (its step was failed)
 
 __all__ = [
@@ -232,8 +236,12 @@ class Scheduler:
         self._workers = [_Worker(i, e) for i, e in enumerate(engines)]
         self._lanes = {lane: LaneQueue(lane, self.config.bound(lane)) for lane in Lane}
         self._counters = {lane: _LaneCounters() for lane in Lane}
-        # One lock guards lanes, requests' bookkeeping and worker loads; workers sleep on it.
-        self._cond = threading.Condition(threading.Lock())
+        # One lock guards lanes, requests' bookkeeping and worker loads. Idle workers wait on
+        # _cond for work; a busy worker that leaves queued work to a less loaded one waits on
+        # _loads for loads to change (several engines only).
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)
+        self._loads = threading.Condition(lock)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: deque[_Waiter] = deque()  # loop thread only
         self._live: set[Request] = set()  # admitted, not yet settled; loop thread only
@@ -436,9 +444,10 @@ class Scheduler:
         self._live.add(request)
         self._lanes[request.lane].push(request)
         self._counters[request.lane].admitted += 1
-        # Only idle workers wait on the condition, and any of them takes the work; one that
-        # leaves work behind wakes the next (_next_step), so one wake-up is enough.
+        # Any idle worker takes the work, and one that leaves work behind wakes the next
+        # (_next_step): one wake-up is enough.
         self._cond.notify()
+        self._loads.notify_all()
 
     def _expire(self, request: Request) -> None:
         self._drop(request, _deadline_passed(request))
@@ -534,7 +543,7 @@ class Scheduler:
         launch_first = worker.device.startswith("cuda")
         in_flight: deque[tuple[_Step, Any]] = deque()
         while True:
-            nxt = self._next_step(worker, idle=not in_flight)
+            nxt = self._next_step(worker, in_flight=in_flight[-1][1] if in_flight else None)
             if nxt is None and not in_flight:
                 return
             prepared: Any = _FAILED
@@ -576,26 +585,34 @@ class Scheduler:
             self._launched(worker, step)
             in_flight.append((step, handle))
 
-    def _next_step(self, worker: _Worker, *, idle: bool) -> _Step | None:
+    def _next_step(self, worker: _Worker, *, in_flight: Any) -> _Step | None:
         """Compose this worker's next step.
 
-        An idle worker blocks until there is work (None: stopping). A worker with a step in
-        flight takes the work queued now if it should (the prefetch), else returns None at
-        once and collects its step: a wait in `result()` sees the step end sooner than
-        polling would, and wakes no thread meanwhile.
+        With nothing in flight, block until there is work (None: stopping). With a step in
+        flight, take the work queued now if this worker should (the prefetch). If nothing
+        is queued, return None at once to collect the step: a wait in `result()` sees it
+        end sooner than polling would, and wakes no thread meanwhile. If queued work is
+        left to a less loaded worker, return when this worker should take it after all or
+        its step is done (None), whichever comes first.
         """
         with self._cond:
             while True:
-                if self._has_work_locked() and (idle or self._least_loaded_locked(worker)):
-                    step = self._compose_locked(worker)
-                    if step is None:
-                        continue  # everything found was dropped or expired; look again
-                    if self._has_work_locked():
-                        self._cond.notify()  # more than this step's worth: wake another idle worker
-                    return step
-                if not idle or self._stopping:
+                idle = in_flight is None
+                if self._has_work_locked():
+                    if idle or self._least_loaded_locked(worker):
+                        step = self._compose_locked(worker)
+                        if step is None:
+                            continue  # everything found was dropped or expired; look again
+                        if self._has_work_locked():
+                            self._cond.notify()  # more than a step's worth: wake another idle worker
+                        return step
+                    if in_flight.done():
+                        return None
+                    self._loads.wait(_POLL_S)
+                elif not idle or self._stopping:
                     return None
-                self._cond.wait()
+                else:
+                    self._cond.wait()
 
     def _has_work_locked(self) -> bool:
         return any(q.has_work() for q in self._lanes.values())
@@ -717,6 +734,7 @@ class Scheduler:
                 self._lanes[request.lane].drop(request)
                 outcomes.append((request, error))
             self._cond.notify_all()
+            self._loads.notify_all()
         self._post(outcomes, room_freed=True)
 
     def _deliver(self, worker: _Worker, step: _Step, rows: np.ndarray) -> None:
@@ -737,4 +755,5 @@ class Scheduler:
                         self._counters[request.lane].completed += 1
                         outcomes.append((request, None))
                 offset += n
+            self._loads.notify_all()  # a busy worker may now be the least loaded
         self._post(outcomes, room_freed=False)
