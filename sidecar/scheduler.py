@@ -21,8 +21,8 @@ import logging
 import threading
 import time
 from collections import deque
-from itertools import accumulate
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Protocol, Sequence
 
 import numpy as np
