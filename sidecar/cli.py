@@ -339,7 +339,17 @@ async def run_sidecar(args: argparse.Namespace,
     return status
 
 
+# gRPC's EventEngine listener adds thread hand-offs to every call. The server process turns
+# it off (gRPC reads the setting once, when it is first imported; an explicit
+# GRPC_EXPERIMENTS wins). Bare round trips on the H200 host (benchmarks/grpc_floor.py):
+# 586 us with gRPC's defaults, 485 us with this server, 225 us when the client process also
+# sets GRPC_EXPERIMENTS=-event_engine_client,-event_engine_listener (README: Performance).
+SERVER_GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener"
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    if "grpc" not in sys.modules:
+        os.environ.setdefault("GRPC_EXPERIMENTS", SERVER_GRPC_EXPERIMENTS)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return asyncio.run(run_sidecar(args))
