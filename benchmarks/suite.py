@@ -438,10 +438,27 @@ def _encode_ids(gateway: _Gateway, chunks: list[list[str]]) -> list[list[int]]:
     return [ids for fut in gateway.submit(chunks) for ids in fut.result()]
 
 
-def _fern_texts_to_vectors(engine, gateway: _Gateway, chunks: list[list[str]]) -> int:
-    """Tokenize every chunk (all in flight, on the gateway's pool) and step each as soon as its
-    ids are back, preparing N+1 while N runs; returns the tokens stepped."""
-    return _pipelined_once(engine, (fut.result() for fut in gateway.submit(chunks)))
+def _fern_texts_to_vectors(engine, gateway: _Gateway, chunks: list[list[str]], ahead: int = 8) -> int:
+    """Tokenize chunks on the gateway's pool, `ahead` in flight, and step each as soon as its ids
+    are back, preparing N+1 while N runs; returns the tokens stepped.
+
+    A bounded window, as a flow-controlled stream has. On the H200 host (16 cores, best of two)
+    every chunk in flight at once overlapped worse: MiniLM passages 3.8 M tokens/s against 5.0 M
+    with 8 ahead (4.5 M with 32), BGE-base 1.9 M against 2.45 M (its engine alone: 2.6 M)."""
+    from collections import deque
+
+    pending = deque(gateway.submit(chunks[:ahead]))
+    rest = iter(chunks[ahead:])
+
+    def ids() -> Iterable[list[list[int]]]:
+        while pending:
+            done = pending.popleft()
+            following = next(rest, None)
+            if following is not None:
+                pending.extend(gateway.submit([following]))
+            yield done.result()
+
+    return _pipelined_once(engine, ids())
 
 
 def part_compare(ctx: Context) -> dict[str, Any]:
