@@ -8,13 +8,14 @@ under 1 TB/s), where the bytes moved need about 1.6 ms.
 
 It is a custom op, so torch.compile keeps it whole and CUDA graphs record it. The first
 CUDA call checks the kernel against the plain torch formula on random rows; if Triton is
-missing or the check fails, the torch formula serves instead (logged once), so a broken
-kernel can cost speed but never vectors.
+missing, the check fails or FERN_TRITON_KERNELS=0 is set, the torch formula serves instead
+(logged once), so a broken kernel can cost speed but never vectors.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 import torch.nn.functional as F
@@ -109,6 +110,9 @@ def _kernel_ok(device: torch.device) -> bool:
 
 def _check(device: torch.device) -> bool:
     """Run the kernel beside the torch formula on random rows of a Qwen3-like layout."""
+    if os.environ.get("FERN_TRITON_KERNELS") == "0":
+        log.info("FERN_TRITON_KERNELS=0: Qwen3 q/k norm + rotary runs as torch ops")
+        return False
     if triton is None:
         log.info("Triton is not installed: Qwen3 q/k norm + rotary runs as torch ops")
         return False

@@ -321,3 +321,10 @@ def test_flashinfer_workspace_grows_with_the_largest_step():
     assert workspace_bytes(bge_m3, 8192) == WORKSPACE_BYTES
     # What FlashInfer 0.7.4 asked for on an H200 for one 65,536-token step of this shape.
     assert workspace_bytes(bge_m3, 65536) > 200_802_304
+
+
+def test_qk_norm_rope_kernel_can_be_switched_off(monkeypatch):
+    from core_engine.layers import qk_norm_rope as m
+
+    monkeypatch.setenv("FERN_TRITON_KERNELS", "0")
+    assert m._check(torch.device("cpu")) is False
