@@ -25,8 +25,9 @@ bookkeeping) and a one-regex `Split` pre-tokenizer, with no normalizer at all. T
 gives the same ids at 2.3x the shipped pipeline's tokens/s on one core of the H200 host
 (MiniLM passages, 0.34 -> 0.78 M); on its 16 cores the sliced path went 5.3 -> 7.7 M tokens/s
 (`python -m benchmarks.tokenize_bench`). What remains serial there is Python's share under
-the GIL: building the id lists and freeing the Encoding objects (~50 ns a token), which the
-`tokenizers` API offers no way around. Texts that hold an added token's text ("[CLS]" typed by a user) or anything else go through
+the GIL: building the id lists and freeing the Encoding objects (~50 ns a token, more for
+short texts); the `tokenizers` API returns nothing leaner than an Encoding, so the twin
+makes fewer of them by joining JOIN_TEXTS texts into one input. Texts that hold an added token's text ("[CLS]" typed by a user) or anything else go through
 the shipped pipeline; a batch is split between the two and put back in order. A text far over
 the limit has only its head tokenized by the twin (CUT_CHARS_PER_TOKEN), since truncation
 would discard the rest.
@@ -73,6 +74,12 @@ _ASCII_WORDS = r"[a-z0-9]+|[^a-z0-9 \t\n\r]"
 # truncation keeps only the first ones); when it falls short, the whole text is redone.
 CUT_CHARS_PER_TOKEN = 6
 
+# Texts per joined string: the twin tokenizes "[CLS] a [SEP] [CLS] b [SEP] ..." as one input and
+# splits the ids at each [SEP]. Each text otherwise costs an Encoding object, built in Rust and
+# then read and freed in Python under the GIL: 16 to a string cut that share, which is what
+# stays serial on a many-core host (20,000 queries: 1.35x tokens/s on one core).
+JOIN_TEXTS = 16
+
 
 def default_workers() -> int:
     """Tokenizer worker threads: a few, since each `encode_batch_fast` call fans out in Rust."""
@@ -83,6 +90,24 @@ def _ids(tokenizer: Tokenizer, texts: list[str], special: bool) -> list[list[int
     # encode_batch_fast (tokenizers >= 0.21) skips the character offsets Fern never reads.
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
     return [e.ids for e in encode(texts, add_special_tokens=special)]
+
+
+def _joint(config: dict) -> tuple[str, int] | None:
+    """For a "[CLS] $A [SEP]" template whose two tokens are added tokens (so typed between
+    texts they are matched as themselves): the string that joins texts, and [SEP]'s id."""
+    post = config.get("post_processor") or {}
+    single = post.get("single") or []
+    if post.get("type") != "TemplateProcessing" or len(single) != 3 or "Sequence" not in single[1]:
+        return None
+    try:
+        cls, sep = (single[0]["SpecialToken"]["id"], single[2]["SpecialToken"]["id"])
+        (cls_id,), (sep_id,) = (post["special_tokens"][cls]["ids"], post["special_tokens"][sep]["ids"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    added = {(t["content"], t["id"]) for t in config.get("added_tokens") or []}
+    if (cls, cls_id) not in added or (sep, sep_id) not in added or cls_id == sep_id:
+        return None
+    return f" {sep} {cls} ", sep_id
 
 
 def _head(text: str, chars: int) -> str:
@@ -103,6 +128,9 @@ class _AsciiTwin:
         self.tokenizer = Tokenizer.from_str(json.dumps(config))
         # TextTokenizer truncates at the right with no stride, which the cut in `encode` relies on.
         self._limit = (config.get("truncation") or {}).get("max_length")
+        self._join = _joint(config)
+        config["truncation"] = None
+        self._untruncated = Tokenizer.from_str(json.dumps(config))
         # A text holding an added token's text must see the shipped pipeline, which matches
         # it before normalizing (case-sensitive) or after (lowercased): either way not here.
         contents = sorted({t["content"] for t in config.get("added_tokens") or []}, key=len, reverse=True)
@@ -126,14 +154,32 @@ class _AsciiTwin:
         """Ids of texts that `fits` accepts, as the shipped pipeline gives them."""
         lowered = [t.lower() for t in texts]
         if self._limit is None:
-            return _ids(self.tokenizer, lowered, special)
+            return self._encode(lowered, special)
         chars = self._limit * CUT_CHARS_PER_TOKEN
         heads = [t if len(t) <= chars else _head(t, chars) for t in lowered]
-        seqs = _ids(self.tokenizer, heads, special)
+        seqs = self._encode(heads, special)
         short = [i for i, (t, h, ids) in enumerate(zip(lowered, heads, seqs))
                  if h is not t and len(ids) < self._limit]
-        for i, ids in zip(short, _ids(self.tokenizer, [lowered[i] for i in short], special)):
+        for i, ids in zip(short, self._encode([lowered[i] for i in short], special)):
             seqs[i] = ids
+        return seqs
+
+    def _encode(self, lowered: list[str], special: bool) -> list[list[int]]:
+        if not special or self._join is None:
+            return _ids(self.tokenizer, lowered, special)
+        joint, sep = self._join
+        limit = self._limit
+        seqs: list[list[int]] = []
+        for ids in _ids(self._untruncated, [joint.join(lowered[i:i + JOIN_TEXTS])
+                                            for i in range(0, len(lowered), JOIN_TEXTS)], True):
+            start, end, find = 0, len(ids), ids.index
+            while start < end:
+                stop = find(sep, start) + 1
+                if limit is not None and stop - start > limit:  # as the template truncates
+                    seqs.append([*ids[start:start + limit - 1], sep])
+                else:
+                    seqs.append(ids[start:stop])
+                start = stop
         return seqs
 
     def fits(self, text: str) -> bool:

@@ -200,3 +200,26 @@ def test_tokenizers_without_a_bert_pipeline_get_no_twin_and_their_own_ids(spec, 
             assert t.encode([text]) == [reference.encode(text).ids]
         finally:
             t.close()
+
+
+def test_other_post_processors_keep_the_twin_without_joining_texts(spec, tok, tmp_path):
+    # The twin joins texts only around a "[CLS] $A [SEP]" template; BertProcessing (older
+    # tokenizer.json files) gets the twin one text at a time, with the same ids.
+    from tokenizers import Tokenizer
+
+    shipped = json.loads(spec.tokenizer_path.read_text())
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps({**shipped, "post_processor": {
+        "type": "BertProcessing", "sep": ["[SEP]", 102], "cls": ["[CLS]", 101]}}))
+    reference = Tokenizer.from_file(str(path))
+    reference.no_padding()
+    reference.enable_truncation(256)
+    t = TextTokenizer(path, 256, workers=1)
+    try:
+        assert t._full_twin is not None and t._full_twin._join is None
+        assert tok._full_twin._join is not None  # the shipped template is joined
+        texts = ["Hello, World!", "", "word " * 300, "two  spaces\tand tab"]
+        assert t.encode(texts) == [e.ids for e in reference.encode_batch(texts)]
+    finally:
+        t.close()
+
