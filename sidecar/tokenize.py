@@ -79,6 +79,9 @@ CUT_CHARS_PER_TOKEN = 6
 # then read and freed in Python under the GIL: 16 to a string cut that share, which is what
 # stays serial on a many-core host (20,000 queries: 1.35x tokens/s on one core).
 JOIN_TEXTS = 16
+# Fewer when a batch is small, so that each call still gives Rust's threads (one a core unless
+# RAYON_NUM_THREADS says otherwise) two inputs each: a 100-text request keeps its latency.
+_RUST_THREADS = int(os.environ.get("RAYON_NUM_THREADS") or 0) or os.cpu_count() or 1
 
 
 def default_workers() -> int:
@@ -165,13 +168,14 @@ class _AsciiTwin:
         return seqs
 
     def _encode(self, lowered: list[str], special: bool) -> list[list[int]]:
-        if not special or self._join is None:
+        group = min(JOIN_TEXTS, len(lowered) // (2 * _RUST_THREADS))
+        if not special or self._join is None or group < 2:
             return _ids(self.tokenizer, lowered, special)
         joint, sep = self._join
         limit = self._limit
         seqs: list[list[int]] = []
-        for ids in _ids(self._untruncated, [joint.join(lowered[i:i + JOIN_TEXTS])
-                                            for i in range(0, len(lowered), JOIN_TEXTS)], True):
+        for ids in _ids(self._untruncated, [joint.join(lowered[i:i + group])
+                                            for i in range(0, len(lowered), group)], True):
             start, end, find = 0, len(ids), ids.index
             while start < end:
                 stop = find(sep, start) + 1

@@ -141,11 +141,17 @@ def _cut(ids: list[int], limit: int) -> list[int]:
     return ids if len(ids) <= limit else ids[:limit - 1] + [ids[-1]]
 
 
-def test_ids_equal_the_shipped_pipeline_on_every_kind_of_text(spec, tok):
-    # The ASCII twin (lowercasing in Python, a regex pre-tokenizer, no normalizer) must give
-    # exactly the shipped tokenizer.json's ids: truncated or not, with or without special
-    # tokens, in pure-ASCII batches, mixed batches and one text at a time.
+@pytest.mark.parametrize("rust_threads", [1, 10**6], ids=["joined", "one-by-one"])
+def test_ids_equal_the_shipped_pipeline_on_every_kind_of_text(spec, tok, rust_threads, monkeypatch):
+    # The ASCII twin (lowercasing in Python, a regex pre-tokenizer, no normalizer, texts joined
+    # 16 to an input unless a batch is too small to keep Rust's threads busy) must give exactly
+    # the shipped tokenizer.json's ids: truncated or not, with or without special tokens, in
+    # pure-ASCII batches, mixed batches and one text at a time.
     from tokenizers import Tokenizer
+
+    import sidecar.tokenize
+
+    monkeypatch.setattr(sidecar.tokenize, "_RUST_THREADS", rust_threads)
 
     assert tok._truncating_twin is not None and tok._full_twin is not None  # the twin exists here
     reference = Tokenizer.from_file(str(spec.tokenizer_path))
