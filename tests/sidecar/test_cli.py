@@ -126,3 +126,34 @@ def test_serve_reports_a_port_in_use(fern_cmd):
 def test_postgres_endpoint_needs_a_token(fern_cmd):
     out = run(fern_cmd, "serve", "--port", "0", "--pg-port", "0")
     assert out.returncode == 1 and "--pg-port needs --token" in out.stderr
+
+
+def test_server_loop_choice(monkeypatch):
+    import asyncio
+    import builtins
+
+    from sidecar import cli
+
+    async def loop_module() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    assert cli._run_loop(loop_module(), "asyncio").startswith("asyncio")
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        assert cli._run_loop(loop_module(), "auto").startswith("asyncio")
+    else:
+        assert cli._run_loop(loop_module(), "auto").startswith("uvloop")
+    real_import = builtins.__import__
+
+    def no_uvloop(name, *args, **kwargs):
+        if name == "uvloop":
+            raise ImportError("no uvloop here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_uvloop)
+    assert cli._run_loop(loop_module(), "auto").startswith("asyncio")
+    coro = loop_module()
+    with pytest.raises(SystemExit, match="uvloop is not installed"):
+        cli._run_loop(coro, "uvloop")
+    coro.close()
