@@ -33,6 +33,9 @@ VARIANTS: dict[str, tuple[dict[str, str], dict[str, str], dict[str, str]]] = {
     "aio no-event-engine, server only": ({}, {"GRPC_EXPERIMENTS": _NO_EE}, {}),
     "aio no-event-engine, client only": ({}, {}, {"GRPC_EXPERIMENTS": _NO_EE}),
     "aio no-event-engine, set after import": ({"FERN_FLOOR_LATE": _NO_EE}, {}, {}),
+    "aio no-event-engine server, client without event_engine_client": (
+        {}, {"GRPC_EXPERIMENTS": _NO_EE}, {"GRPC_EXPERIMENTS": "-event_engine_client"}),
+    "aio without event_engine_client, both": ({"GRPC_EXPERIMENTS": "-event_engine_client"}, {}, {}),
     "aio poll": ({"GRPC_POLL_STRATEGY": "poll"}, {}, {}),
 }
 
