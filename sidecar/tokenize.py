@@ -27,10 +27,10 @@ gives the same ids at 2.3x the shipped pipeline's tokens/s on one core of the H2
 (`python -m benchmarks.tokenize_bench`). What remains serial there is Python's share under
 the GIL: building the id lists and freeing the Encoding objects (~50 ns a token, more for
 short texts); the `tokenizers` API returns nothing leaner than an Encoding, so the twin
-makes fewer of them by joining JOIN_TEXTS texts into one input. Texts that hold an added token's text ("[CLS]" typed by a user) or anything else go through
-the shipped pipeline; a batch is split between the two and put back in order. A text far over
-the limit has only its head tokenized by the twin (CUT_CHARS_PER_TOKEN), since truncation
-would discard the rest.
+makes fewer of them by joining JOIN_TEXTS texts into one input. Texts that hold an added
+token's text ("[CLS]" typed by a user) or anything else go through the shipped pipeline; a
+batch is split between the two and put back in order. A text far over the limit has only its
+head tokenized by the twin (CUT_CHARS_PER_TOKEN), since truncation would discard the rest.
 """
 
 from __future__ import annotations
