@@ -131,3 +131,24 @@ def test_auto_attention_measures_each_candidate(model_dirs: dict[str, Path]) -> 
     assert set(engine.attention.measurements) == {"small", "large"}
     for cls, times in engine.attention.measurements.items():
         assert "varlen" in times and engine.attention.choices[cls] == min(times, key=times.get)
+
+
+def test_qk_norm_rope_triton_kernel_serves_on_this_gpu():
+    # The Qwen3 parity tests pass whether the Triton kernel or its torch fallback served; this
+    # one fails when the kernel fell back, so a broken kernel shows up here, not as lost speed.
+    pytest.importorskip("triton")
+    from core_engine.layers import qk_norm_rope as m
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    assert m._check(device), "the Triton q/k norm + rotary kernel failed its check (see the log)"
+    torch.manual_seed(0)
+    t, q_heads, kv_heads, d = 300, 16, 8, 128
+    wide = torch.randn(t, (q_heads + 2 * kv_heads) * d, device=device, dtype=torch.bfloat16)
+    qk = wide[:, : (q_heads + kv_heads) * d].view(t, q_heads + kv_heads, d)
+    weight = torch.rand(q_heads + kv_heads, d, device=device, dtype=torch.bfloat16) + 0.5
+    angles = torch.rand(t, 1, d // 2, device=device) * 100
+    cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+    q, k = m._triton_qk_norm_rope(qk, weight, cos, sin, 1e-6, q_heads)
+    want = m.qk_norm_rope_reference(qk.float(), weight.float(), cos.float(), sin.float(), 1e-6)
+    torch.testing.assert_close(q.float(), want[:, :q_heads], rtol=0.02, atol=0.05)
+    torch.testing.assert_close(k.float(), want[:, q_heads:], rtol=0.02, atol=0.05)
