@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from benchmarks.models import ARCHS, build_random_model
 from benchmarks.pg_common import machine
-from benchmarks.suite import flops_per_token, matmul_tflops
+from benchmarks.suite import _pipelined, flops_per_token, matmul_tflops
 
 
 def _cuda_ms(fn, reps: int = 20, warmup: int = 3) -> float:
@@ -170,20 +170,11 @@ def _replay_ms(engine, seqs: list[list[int]], reps: int = 50) -> float:
 
 
 def _pipelined_rate(engine, seqs: list[list[int]], seconds: float = 1.5) -> float:
-    """Embeddings/s stepping `seqs` back to back with the next prepare overlapping the step."""
+    """Embeddings/s stepping `seqs` back to back, as the suite's throughput part does (after 3 warm steps)."""
     for _ in range(3):
         engine.step(engine.prepare(seqs)).result()
-    done, pending = 0, None
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        handle = engine.step(engine.prepare(seqs))
-        if pending is not None:
-            pending.result()
-            done += len(seqs)
-        pending = handle
-    pending.result()
-    done += len(seqs)
-    return done / (time.perf_counter() - start)
+    texts, _, elapsed = _pipelined(engine, [seqs], seconds)
+    return texts / elapsed
 
 
 # Variants: "<model>+<variant>" builds the model with these environment settings and Engine options.
