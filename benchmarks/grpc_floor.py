@@ -54,7 +54,6 @@ def _free_port() -> int:
 
 def serve(port: int) -> None:
     import grpc
-    import grpc.aio
     import numpy as np
 
     _late_settings()
@@ -62,15 +61,13 @@ def serve(port: int) -> None:
     from sidecar.wire import embedder_pb2 as pb
     from sidecar.wire import embedder_pb2_grpc as pb_grpc
 
-    vectors = np.zeros((1, 1024), "<f4").tobytes()
-
-    def response() -> pb.EmbedResponse:
-        return pb.EmbedResponse(model="bare", count=1, dimensions=1024, vectors=vectors, token_counts=[128])
-
     if os.environ.get("FERN_FLOOR_SERVER") == "sync":
+        vectors = np.zeros((1, 1024), "<f4").tobytes()
+
         class Sync(pb_grpc.EmbedderServicer):
             def Embed(self, request, context):
-                return response()
+                return pb.EmbedResponse(model="bare", count=1, dimensions=1024, vectors=vectors,
+                                        token_counts=[len(request.texts[0])])
 
         server = grpc.server(futures.ThreadPoolExecutor(8))
         pb_grpc.add_EmbedderServicer_to_server(Sync(), server)
@@ -79,15 +76,10 @@ def serve(port: int) -> None:
         server.wait_for_termination()
         return
 
-    class Aio(pb_grpc.EmbedderServicer):
-        async def Embed(self, request, context):
-            return response()
-
     async def main() -> None:
-        server = grpc.aio.server()
-        pb_grpc.add_EmbedderServicer_to_server(Aio(), server)
-        server.add_insecure_port(f"127.0.0.1:{port}")
-        await server.start()
+        from benchmarks.overhead import _bare_server  # the floor `benchmarks.overhead` measures too
+
+        server = await _bare_server(port, 1024, [])
         await server.wait_for_termination()
 
     asyncio.run(main())
