@@ -14,6 +14,7 @@ missing, the check fails or FERN_TRITON_KERNELS=0 is set, the torch formula serv
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -95,17 +96,14 @@ def _triton_qk_norm_rope(qk: torch.Tensor, weight: torch.Tensor, cos: torch.Tens
     return q, k
 
 
-# device index -> whether the Triton kernel passed its check there
-_checked: dict[int, bool] = {}
+@functools.cache
+def _kernel_ok_on(index: int) -> bool:
+    """Whether the Triton kernel passed its check on CUDA device `index` (checked once)."""
+    return _check(torch.device("cuda", index))
 
 
 def _kernel_ok(device: torch.device) -> bool:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    ok = _checked.get(index)
-    if ok is None:
-        ok = _check(device)
-        _checked[index] = ok
-    return ok
+    return _kernel_ok_on(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _check(device: torch.device) -> bool:
