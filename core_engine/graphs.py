@@ -106,19 +106,28 @@ class CapturePolicy:
         if self.eager_hits < 0:
             raise ValueError(f"eager_hits must be >= 0, got {self.eager_hits}")
 
+    def peek(self, key: GraphKey) -> Action:
+        """What `decide(key)` would answer now, with nothing counted (to plan a step ahead)."""
+        if key in self._captured:
+            return Action.REPLAY
+        if self.max_graphs == 0 or self._seen.get(key, 0) < self.eager_hits:
+            return Action.EAGER
+        return Action.CAPTURE
+
     def decide(self, key: GraphKey) -> Action:
         """Choose how to run this step and count it."""
-        if key in self._captured:
+        action = self.peek(key)
+        if action is Action.REPLAY:
             self._captured.move_to_end(key)
             self.counters.replays += 1
-            return Action.REPLAY
-        hits = self._seen.get(key, 0)
-        self._seen[key] = hits + 1
-        if self.max_graphs == 0 or hits < self.eager_hits:
+            return action
+        if self.max_graphs:  # without graphs there is nothing to count up to (and no key to remember)
+            self._seen[key] = self._seen.get(key, 0) + 1
+        if action is Action.EAGER:
             self.counters.eager_runs += 1
-            return Action.EAGER
-        self.counters.captures += 1
-        return Action.CAPTURE
+        else:
+            self.counters.captures += 1
+        return action
 
     def captured(self, key: GraphKey) -> list[GraphKey]:
         """Record a finished capture; returns the keys evicted to respect the bound."""
@@ -153,9 +162,9 @@ class _Entry:
 class GraphCache:
     """CUDA graphs per key, driven by a CapturePolicy; graphs share one memory pool.
 
-    The engine asks `decide(key)` first (so host-side planning knows whether a graph will
-    run), then `run(key, action, forward, backend)`, which runs `forward()` eagerly, captures
-    it, or replays its graph. `forward` must read its inputs from static device buffers
+    The engine asks `peek(key)` when it prepares a batch (to plan attention for the graph
+    or eager step it expects), `decide(key)` when it runs it, then `run(key, action,
+    forward, backend)`, which runs `forward()` eagerly, captures it, or replays its graph. `forward` must read its inputs from static device buffers
     that the caller fills before each step. The graphs never run concurrently (one
     stream), which is what makes sharing their pool safe. `on_evict(key)` is called for
     every graph dropped by the LRU bound.
@@ -176,6 +185,10 @@ class GraphCache:
         """Which attention backend a captured graph was recorded with."""
         entry = self._entries.get(key)
         return entry.backend if entry else None
+
+    def peek(self, key: GraphKey) -> Action:
+        """The decision `decide(key)` would make now, not counted (for planning while an earlier step runs)."""
+        return self.policy.peek(key)
 
     def decide(self, key: GraphKey) -> Action:
         """The policy's decision for this step of `key` (counted)."""

@@ -49,6 +49,20 @@ def test_lazy_policy_runs_eager_then_captures_then_replays() -> None:
     assert p.counters.as_dict() == dict(eager_runs=1, captures=1, replays=3, evictions=0, uncacheable=0)
 
 
+def test_peek_answers_as_decide_would_and_counts_nothing() -> None:
+    p = CapturePolicy(max_graphs=1, eager_hits=1)
+    a, b = GraphKey(64, 2, 64), GraphKey(128, 2, 128)
+    for key in (a, a, a, b, b, a):  # eager, capture, replay; b evicts a; a starts over
+        before = (p.counters.as_dict(), dict(p._seen), p.cached_keys())
+        expected = p.peek(key)
+        assert p.peek(key) is expected
+        assert (p.counters.as_dict(), dict(p._seen), p.cached_keys()) == before
+        assert p.decide(key) is expected
+        if expected is Action.CAPTURE:
+            p.captured(key)
+    assert p.counters.as_dict() == dict(eager_runs=3, captures=2, replays=1, evictions=1, uncacheable=0)
+
+
 def test_eager_hits_zero_captures_on_first_sight_and_two_waits_longer() -> None:
     k = GraphKey(128, 4, 128)
     assert CapturePolicy(eager_hits=0).decide(k) is Action.CAPTURE
