@@ -24,9 +24,16 @@ from sidecar.wire import embedder_pb2_grpc as pb_grpc
 DEFAULT_TARGET = "127.0.0.1:50051"
 # Vectors of a 100-text request at 4096 dims in float32 are ~1.6 MB; long requests more.
 _MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+# The sidecar runs on the same host, so reconnecting is cheap: retry a refused connection
+# at most 1 s apart (gRPC's default backoff grows to 120 s, so a client that saw the sidecar
+# down for a while kept failing for seconds to minutes after it came back).
+_RECONNECT_BACKOFF_MS = 1000
 _CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", _RECONNECT_BACKOFF_MS),
 )
 
 _LANES = {"online": pb.LANE_ONLINE, "batch": pb.LANE_BATCH}

@@ -2,6 +2,7 @@
 
 import asyncio
 import socket
+import time
 
 import grpc
 import numpy as np
@@ -77,3 +78,33 @@ def test_wait_ready_on_a_dead_port_says_unavailable():
             dead.wait_ready(timeout=0.5)
     assert err.value.code is grpc.StatusCode.UNAVAILABLE
     assert str(port) in err.value.message
+
+
+def test_a_client_sees_a_sidecar_that_comes_up_late_within_about_a_second():
+    """A refused connection is retried at most ~1 s apart, not on gRPC's growing backoff: after
+    6 s of a dead port, gRPC's defaults saw the server 4 s after it came up (measured)."""
+    from concurrent import futures
+
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with FernClient(f"127.0.0.1:{port}") as client:
+        down_since = time.monotonic()
+        while time.monotonic() - down_since < 6:
+            assert client.health(timeout=0.2) is False
+            time.sleep(0.05)
+        server = grpc.server(futures.ThreadPoolExecutor(2))
+        servicer = health.HealthServicer()
+        servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        server.start()
+        try:
+            up = time.monotonic()
+            while not client.health(timeout=0.2):
+                assert time.monotonic() - up < 2.0, "the client did not reconnect within 2 s"
+                time.sleep(0.02)
+        finally:
+            server.stop(0)
