@@ -31,6 +31,12 @@ makes fewer of them by joining JOIN_TEXTS texts into one input. Texts that hold 
 token's text ("[CLS]" typed by a user) or anything else go through the shipped pipeline; a
 batch is split between the two and put back in order. A text far over the limit has only its
 head tokenized by the twin (CUT_CHARS_PER_TOKEN), since truncation would discard the rest.
+
+A query-sized request skips Rust too, whose fixed cost per call (the Encoding, the regex
+pre-tokenizer) is most of a short text's: the twin's words never cross a blank and WordPiece
+goes a word at a time, so a text's ids are its blank-separated chunks' ids in order, looked up
+in a bounded memo (MEMO_CHUNKS) that one twin call fills on a miss; special tokens and
+truncation are then applied as the post-processor applies them.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ import json
 import os
 import re
 from collections.abc import Sequence
+from bisect import bisect_left
+from itertools import accumulate, chain, repeat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -82,6 +90,13 @@ JOIN_TEXTS = 16
 # Fewer when a batch is small, so that each call still gives Rust's threads (one a core unless
 # RAYON_NUM_THREADS says otherwise) two inputs each: a 100-text request keeps its latency.
 _RUST_THREADS = int(os.environ.get("RAYON_NUM_THREADS") or 0) or os.cpu_count() or 1
+
+# A query-sized request's ASCII texts are tokenized from a memo of whitespace-separated chunks
+# ("world," "(really?)") to their ids: dictionary lookups instead of a Rust call. Entries take
+# 150-350 bytes (10 MiB at most); a full memo is emptied and refills from later misses.
+MEMO_CHUNKS = 1 << 15
+# Longer chunks (URLs, hashes, [UNK]-sized words) are rare in a query and are not kept.
+MEMO_CHUNK_CHARS = 32
 
 
 def default_workers() -> int:
@@ -193,16 +208,97 @@ class _AsciiTwin:
         return not (any(c in text for c in self._added_starts) and self._added.search(text))
 
 
+class _ChunkIds:
+    """The twin's ids for a few texts, from a memo of their whitespace-separated chunks' ids.
+
+    The twin's words (regex matches) never cross whitespace and WordPiece works a word at a
+    time, so a text's plain ids are its chunks' plain ids in order; special tokens and
+    truncation are then applied as the post-processor does: prefix + body cut to the limit
+    less the special tokens + suffix. Chunks missing from the memo are tokenized by the twin
+    itself in one call, joined by spaces (no added token holds whitespace, so none can match
+    across two chunks) and told apart by their tokens' offsets."""
+
+    def __init__(self, tokenizer: Tokenizer, prefix: list[int], suffix: list[int],
+                 entries: int = MEMO_CHUNKS, chars: int = MEMO_CHUNK_CHARS) -> None:
+        self._tokenizer = tokenizer
+        self._prefix, self._suffix = prefix, suffix
+        self.specials = len(prefix) + len(suffix)
+        self._entries, self._chars = entries, chars
+        self._memo: dict[str, tuple[int, ...]] = {}
+
+    @staticmethod
+    def of(twin: _AsciiTwin, entries: int = MEMO_CHUNKS, chars: int = MEMO_CHUNK_CHARS) -> "_ChunkIds | None":
+        """The memo for `twin`, or None when it pads, an added token holds whitespace or the
+        post-processor does more than put fixed tokens around the text's ids."""
+        tokenizer = twin._untruncated
+        if tokenizer.padding is not None:
+            return None
+        added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
+        if any(ch.isspace() for content in added for ch in content):
+            return None
+        specials = tokenizer.encode("", add_special_tokens=True).ids
+        plain = tokenizer.encode("a", add_special_tokens=False).ids
+        full = tokenizer.encode("a", add_special_tokens=True).ids
+        cuts = [k for k in range(len(specials) + 1) if full == [*specials[:k], *plain, *specials[k:]]]
+        if len(cuts) != 1 or set(plain) & set(specials):
+            return None
+        return _ChunkIds(tokenizer, specials[:cuts[0]], specials[cuts[0]:], entries, chars)
+
+    def encode(self, texts: list[str], special: bool, limit: int | None) -> list[list[int]]:
+        """Ids of texts that the twin `fits`, as its `encode` gives them truncated to `limit`
+        (which must leave room for the special tokens)."""
+        seqs = []
+        for text in texts:
+            chunks = text.lower().split()  # under `fits`, str.split's whitespace is the twin's
+            try:
+                body = list(chain.from_iterable(map(self._memo.__getitem__, chunks)))
+            except KeyError:
+                body = list(chain.from_iterable(map(self._learn(chunks).__getitem__, chunks)))
+            room = None if limit is None else limit - (self.specials if special else 0)
+            if room is not None and len(body) > room:
+                del body[room:]
+            if special:
+                body = [*self._prefix, *body, *self._suffix]
+            seqs.append(body)
+        return seqs
+
+    def _learn(self, chunks: list[str]) -> dict[str, tuple[int, ...]]:
+        """Every one of `chunks` with its ids; the missing ones are tokenized and kept."""
+        memo = self._memo
+        known: dict[str, tuple[int, ...]] = {}
+        missing: list[str] = []
+        for chunk in dict.fromkeys(chunks):
+            seen = memo.get(chunk)
+            if seen is None:
+                missing.append(chunk)
+            else:
+                known[chunk] = seen
+        encoding = self._tokenizer.encode(" ".join(missing), add_special_tokens=False)
+        ids, starts = encoding.ids, [start for start, _ in encoding.offsets]
+        # Each chunk's tokens start at or after its first character, the earlier ones' before it.
+        firsts = [*map(bisect_left, repeat(starts), accumulate((len(c) + 1 for c in missing[:-1]), initial=0)),
+                  len(ids)]
+        new = list(zip(missing, map(tuple, map(ids.__getitem__, map(slice, firsts, firsts[1:])))))
+        known.update(new)
+        kept = [(c, seq) for c, seq in new if len(c) <= self._chars][:self._entries]
+        if len(memo) + len(kept) > self._entries:
+            memo.clear()
+        memo.update(kept)
+        return known
+
+
 class TextTokenizer:
     """One model's tokenizer: texts in, token id lists (special tokens included) out.
 
     `encode` is the synchronous core; `encode_async` runs it on the worker pool. Inputs
     over `max_tokens` are cut at the end when `truncate` is true and rejected with
     INVALID_ARGUMENT (naming the input and its token count) when it is false.
+    `memo_chunks` bounds the chunk memo that query-sized requests are tokenized from (0: none).
     """
 
     def __init__(self, tokenizer_path: str | Path, max_tokens: int, *, eos_id: int | None = None,
-                 workers: int | None = None, slice_texts: int = SLICE_TEXTS) -> None:
+                 workers: int | None = None, slice_texts: int = SLICE_TEXTS,
+                 memo_chunks: int = MEMO_CHUNKS) -> None:
         self.max_tokens = int(max_tokens)
         if self.max_tokens < 2:
             raise ValueError(f"max_tokens must be at least 2, got {max_tokens}")
@@ -218,6 +314,9 @@ class TextTokenizer:
         # Twins for ASCII texts (None: this tokenizer has no such twin).
         self._full_twin = _AsciiTwin.of(self._full)
         self._truncating_twin = _AsciiTwin.of(self._truncating)
+        # One chunk memo serves both twins, whose plain ids are the same (0 chunks: no memo).
+        self._chunks = (_ChunkIds.of(self._full_twin, memo_chunks)
+                        if self._full_twin is not None and memo_chunks > 0 else None)
         self.special_ids = frozenset(i for i, tok in self._full.get_added_tokens_decoder().items()
                                      if tok.special)
         self.vocab_size = self._full.get_vocab_size(with_added_tokens=True)
@@ -230,14 +329,23 @@ class TextTokenizer:
                special: bool) -> list[list[int]]:
         if twin is None or not texts:
             return _ids(tokenizer, texts, special)
+        small = self._small(texts)
         if twin.fits("\n".join(texts)):  # one pass over the batch: the common case
-            return twin.encode(texts, special)
+            return self._twin_ids(twin, texts, special, small)
         fast = [twin.fits(t) for t in texts]
         if not any(fast):
             return _ids(tokenizer, texts, special)
-        easy = iter(twin.encode([t for t, f in zip(texts, fast) if f], special))
+        easy = iter(self._twin_ids(twin, [t for t, f in zip(texts, fast) if f], special, small))
         hard = iter(_ids(tokenizer, [t for t, f in zip(texts, fast) if not f], special))
         return [next(easy) if f else next(hard) for f in fast]
+
+    def _twin_ids(self, twin: _AsciiTwin, texts: list[str], special: bool, small: bool) -> list[list[int]]:
+        # A query-sized request's from the chunk memo, in Python under the GIL (on the loop,
+        # which holds it anyway); a bulk one's from Rust's threads, which run without it.
+        limit = twin._limit
+        if small and self._chunks is not None and (limit is None or limit >= self._chunks.specials):
+            return self._chunks.encode(texts, special, limit)
+        return twin.encode(texts, special)
 
     @classmethod
     def for_spec(cls, spec: ModelSpec, workers: int | None = None) -> "TextTokenizer":

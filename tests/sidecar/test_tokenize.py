@@ -229,3 +229,164 @@ def test_other_post_processors_keep_the_twin_without_joining_texts(spec, tok, tm
     finally:
         t.close()
 
+
+
+def _rust_only(*args, **kwargs):
+    raise AssertionError("a query-sized ASCII request reached Rust")
+
+
+# What the chunk memo must split, look up and cut exactly like the shipped pipeline: around and
+# over WordPiece's 100-character word limit ([UNK]), punctuation runs, digits, blanks only,
+# the model's token limit, and chunks that repeat within a text.
+_MEMO_TEXTS = [
+    "", " ", "\t\n\r  \n", "Hello, World!", "x" * 99, "y" * 100, "z" * 101, "a" * 100 + "!" + "b" * 101,
+    "!!!???...,,, ((())) [[]] {{}} <<>> --- ___ ~~~ ``` '' \"\" @@ ## $$ %% ^^ && ** ++ == || \\\\ // ;; ::",
+    "a...b c--d e__f (g) [h] {i} 'j' \"k\" l/m n\\o p|q r@s t#u", "3.14159 1234567890 000123 1e10 0x1F 2,718 10%",
+    "qwzx vbnmk zzzzqqq xylophonist's unaffable-ness", "the the the, the. the! (the) the",
+    "word " * 254, "word " * 255, "word " * 300 + "tail", "1,2;3.4!" * 60, "a " * 600,
+    "Tabs\tand\nnew lines\r\nand  double  spaces", "UPPER lower MiXeD", "[not a token] [un k] ### ##ing",
+]
+
+
+@pytest.fixture
+def memo_tok(spec):
+    t = TextTokenizer.for_spec(spec, workers=1)
+    yield t
+    t.close()
+
+
+def test_query_sized_requests_take_the_chunk_memo_and_get_the_shipped_ids(spec, memo_tok, monkeypatch):
+    # With the twin's Rust calls made to fail, every query-sized ASCII request must come out of
+    # the memo (its misses tokenized by the memo's own call) with the shipped tokenizer.json's
+    # ids, truncated or not, with or without special tokens, on a first call and on memo hits.
+    from tokenizers import Tokenizer
+
+    import sidecar.tokenize
+
+    reference = Tokenizer.from_file(str(spec.tokenizer_path))
+    reference.no_padding()
+    reference.no_truncation()
+    small = [t for t in _differential_texts(7) + _MEMO_TEXTS
+             if len(t) <= sidecar.tokenize.INLINE_CHARS and memo_tok._full_twin.fits(t)]
+    assert len(small) > 100
+    monkeypatch.setattr(sidecar.tokenize._AsciiTwin, "encode", _rust_only)
+    full = [e.ids for e in reference.encode_batch(small)]
+    plain = [e.ids for e in reference.encode_batch(small, add_special_tokens=False)]
+    assert 100 in sum(plain, []) and any(len(ids) > spec.max_tokens for ids in full)  # [UNK], truncation
+    for _ in range(2):  # the second pass is all memo hits
+        for text, ids, bare in zip(small, full, plain):
+            assert memo_tok.encode([text]) == [_cut(ids, spec.max_tokens)], repr(text)
+            assert memo_tok.encode_plain([text]) == [bare], repr(text)
+            if len(ids) <= spec.max_tokens:
+                assert memo_tok.encode([text], truncate=False) == [ids], repr(text)
+        assert memo_tok._chunks._memo
+    # Up to INLINE_TEXTS texts a request, ASCII or not: each gets its own ids, in order.
+    mixed = ["Café au lait", "plain words", "", "中文 and ascii"]
+    assert memo_tok.encode(mixed) == [_cut(e.ids, spec.max_tokens) for e in reference.encode_batch(mixed)]
+
+
+def test_a_warm_query_needs_no_rust_call(spec, memo_tok, monkeypatch):
+    from tokenizers import Tokenizer
+
+    import sidecar.tokenize
+
+    reference = Tokenizer.from_file(str(spec.tokenizer_path))
+    reference.no_padding()
+    text = "Which vector database fits a small team, and why?"
+    memo_tok.encode([text])
+    monkeypatch.setattr(sidecar.tokenize._AsciiTwin, "encode", _rust_only)
+    monkeypatch.setattr(memo_tok._chunks, "_tokenizer", None)  # any miss would now fail
+    for seen in (text, "WHICH team, and why?\n", "fits fits a database"):
+        assert memo_tok.encode([seen]) == [reference.encode(seen).ids]
+    with pytest.raises(AttributeError):
+        memo_tok.encode(["an unseen word"])
+
+
+def test_bulk_requests_stay_on_rust(memo_tok):
+    from sidecar.tokenize import INLINE_CHARS, INLINE_TEXTS
+
+    memo_tok.encode([f"text {i}" for i in range(INLINE_TEXTS + 1)])
+    memo_tok.encode(["word " * (INLINE_CHARS // 5 + 1)])
+    assert not memo_tok._chunks._memo
+
+
+def test_over_length_with_truncation_off_raises_as_without_the_memo(spec, memo_tok):
+    plain = TextTokenizer.for_spec(spec, workers=1)
+    plain_memo = TextTokenizer(spec.tokenizer_path, spec.max_tokens, workers=1, memo_chunks=0)
+    try:
+        assert plain_memo._chunks is None
+        for texts in (["word " * 255], ["ok", "1,2;3.4!" * 60], ["a", "b", "c", "d " * 300]):
+            errors = []
+            for t in (memo_tok, plain_memo):
+                with pytest.raises(EmbedError) as info:
+                    asyncio.run(t.encode_async(texts, truncate=False, field="queries", offset=3))
+                errors.append((info.value.code, info.value.index, info.value.message))
+            assert errors[0] == errors[1]
+            assert errors[0][2].startswith(f"queries[{3 + len(texts) - 1}]: ")
+    finally:
+        plain.close()
+        plain_memo.close()
+
+
+@pytest.mark.parametrize("max_tokens,eos", [(2, None), (3, None), (10, None), (2, 102), (3, 102), (10, 102)])
+def test_the_memo_cuts_at_every_limit_like_rust(spec, max_tokens, eos):
+    # Small limits, with and without an appended EOS: the memo's cut (and its stepping aside
+    # where the limit leaves no room for the special tokens) matches the Rust twin's.
+    texts = ["", "hi", "hello world", "word " * 8, "word " * 9, "word " * 20, "a, b. c! " * 4]
+    with_memo = TextTokenizer(spec.tokenizer_path, max_tokens, eos_id=eos, workers=1)
+    without = TextTokenizer(spec.tokenizer_path, max_tokens, eos_id=eos, workers=1, memo_chunks=0)
+    try:
+        for text in texts:
+            assert with_memo.encode([text]) == without.encode([text]), repr(text)
+            assert with_memo.encode_plain([text]) == without.encode_plain([text]), repr(text)
+        assert with_memo._chunks._memo
+    finally:
+        with_memo.close()
+        without.close()
+
+
+def test_a_full_memo_is_emptied_and_the_ids_stay_right(spec, monkeypatch):
+    from tokenizers import Tokenizer
+
+    from sidecar.tokenize import _ChunkIds
+
+    reference = Tokenizer.from_file(str(spec.tokenizer_path))
+    reference.no_padding()
+    t = TextTokenizer(spec.tokenizer_path, spec.max_tokens, workers=1, memo_chunks=8)
+    try:
+        texts = [" ".join(f"w{i}x{j}," for j in range(i % 11)) for i in range(60)] + ["one two three"] * 3
+        sizes = []
+        for text in texts:
+            assert t.encode([text]) == [reference.encode(text).ids], repr(text)
+            sizes.append(len(t._chunks._memo))
+        assert max(sizes) == 8 and 0 < min(sizes[1:]) and sizes != sorted(sizes)  # filled, emptied, refilled
+        assert t._chunks._memo.keys() >= {"one", "two", "three"}
+        # Only chunks up to `chars` characters are kept; a longer one is tokenized on every call.
+        t._chunks = _ChunkIds.of(t._full_twin, entries=8, chars=4)
+        assert t.encode(["short muchlonger"]) == [reference.encode("short muchlonger").ids]
+        assert set(t._chunks._memo) == set()  # "short" is 5 characters
+        t._chunks = _ChunkIds.of(t._full_twin, entries=8, chars=200)
+        long_word = "q" * 101 + " " + "r" * 100
+        assert t.encode([long_word]) == t.encode([long_word]) == [reference.encode(long_word).ids]
+        assert t._chunks._memo["q" * 101] == (100,)  # [UNK], as WordPiece gives a word over 100 characters
+    finally:
+        t.close()
+
+
+def test_tokenizers_whose_template_is_not_fixed_tokens_around_the_text_get_no_memo(spec, tmp_path):
+    from tokenizers import Tokenizer
+
+    from sidecar.tokenize import _AsciiTwin, _ChunkIds
+
+    shipped = json.loads(spec.tokenizer_path.read_text())
+    spaced = {**shipped, "added_tokens": [*shipped["added_tokens"], {
+        "id": 30522, "content": "new line", "single_word": False, "lstrip": False, "rstrip": False,
+        "normalized": False, "special": True}]}
+    doubled = {**shipped, "post_processor": {**shipped["post_processor"], "single": [
+        *shipped["post_processor"]["single"], {"Sequence": {"id": "A", "type_id": 0}}]}}
+    for config in (spaced, doubled, shipped):  # the shipped file pads to 128 (TextTokenizer does not)
+        twin = _AsciiTwin.of(Tokenizer.from_str(json.dumps(config)))
+        assert twin is not None and _ChunkIds.of(twin) is None
+    unpadded = Tokenizer.from_file(str(spec.tokenizer_path))
+    unpadded.no_padding()
+    assert _ChunkIds.of(_AsciiTwin.of(unpadded)) is not None
