@@ -67,6 +67,8 @@ from typing import Any
 
 import numpy as np
 
+from sidecar.cli import SERVER_GRPC_EXPERIMENTS
+
 LENGTHS = (16, 128)
 
 
@@ -286,7 +288,9 @@ def _start_server(args: argparse.Namespace, trace_path: Path, log_path: Path, *,
         command += ["--engine-us", str(args.engine_us)]
     if args.loop != "asyncio":
         command += ["--loop", args.loop]
+    # The gRPC setting `fern serve` applies to its own process (an explicit one wins there too).
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(args.threads))
+    env.setdefault("GRPC_EXPERIMENTS", SERVER_GRPC_EXPERIMENTS)
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     target = f"127.0.0.1:{port}"
@@ -447,6 +451,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "model": engine.spec.name,
         "engine_stand_in_us": args.engine_us or None,
         "server_event_loop": args.loop,
+        "server_grpc_experiments": os.environ.get("GRPC_EXPERIMENTS", SERVER_GRPC_EXPERIMENTS),
         "iters": args.iters,
         "checkpoint_ns": _wrapper_cost_ns(),
         "lengths": results,
