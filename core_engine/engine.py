@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -13,7 +14,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from core_engine.attention.base import AttentionMetadata
+from core_engine.attention.base import AttentionMetadata, AttentionPlan
 from core_engine.attention.select import make_attention
 from core_engine.config import ModelSpec, load_spec
 from core_engine.graphs import Action, BucketConfig, CapturePolicy, GraphCache, GraphCounters, GraphKey, key_for
@@ -70,6 +71,9 @@ class PreparedBatch:
     num_seqs: int            # real sequences B (the first B slots)
     num_tokens: int          # real tokens
     cu_seqlens_cpu: torch.Tensor  # int32 [S + 1] host copy (FlashInfer's plan, CPU attention)
+    # Attention planned for this batch when it was prepared (the backend, graph or eager, and
+    # the FlashInfer wrapper it must run on); step() re-plans only if it no longer holds.
+    plan: AttentionPlan | None = None
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -106,7 +110,7 @@ def _regions(buf: torch.Tensor | np.ndarray, key: GraphKey) -> tuple:
 
 
 class Engine:
-    """One model on one device: `prepare()` packs on the CPU, `step()` runs and returns a handle.
+    """One model on one device: `prepare()` packs (and plans attention) on the CPU, `step()` runs and returns a handle.
 
     On CUDA, token counts are padded to buckets and each bucket's whole forward pass (pooling
     included) becomes a CUDA graph lazily: the first step of a shape runs eagerly, the next
@@ -166,10 +170,10 @@ class Engine:
         self.pad_to_buckets = self._cuda if pad_to_buckets is None else pad_to_buckets
         self.policy = CapturePolicy(max_graphs=max_graphs if (cuda_graphs and self._cuda) else 0,
                                     eager_hits=eager_hits)
-        self.graphs: GraphCache | None = None
+        # On the CPU the same bookkeeping runs (every step eager: max_graphs is 0 there).
+        self.graphs = GraphCache(self.policy, self.device, on_evict=self.attention.release)
         self._static: torch.Tensor | None = None
         if self._cuda:
-            self.graphs = GraphCache(self.policy, self.device, on_evict=self.attention.release)
             size = _packed_size(self.buckets.tokens(max_step_tokens), self.buckets.slots(max_step_tokens))
             self._static = torch.zeros(size, dtype=torch.int64, device=self.device)
             if self.compiled:
@@ -220,8 +224,15 @@ class Engine:
             pos[total:] = np.arange(pad, dtype=np.int64)
             sid[total:] = slots - 1
         lens[:] = np.diff(cu)
-        return PreparedBatch(packed=packed, key=key, num_seqs=num_seqs, num_tokens=total,
-                             cu_seqlens_cpu=torch.from_numpy(cu.astype(np.int32)))
+        batch = PreparedBatch(packed=packed, key=key, num_seqs=num_seqs, num_tokens=total,
+                              cu_seqlens_cpu=torch.from_numpy(cu.astype(np.int32)))
+        # Plan attention now: the scheduler prepares step N+1 while step N runs on the GPU, so
+        # FlashInfer's host-side plan (0.1-1.3 ms) overlaps N instead of delaying N+1's launch.
+        # The graph decision is peeked, not counted; step() decides for real and re-plans if
+        # the step turned out otherwise or another batch was planned on the same wrapper since.
+        with self._on_device():
+            self._plan(batch, self._action(batch, counted=False))
+        return batch
 
     # -- device side ----------------------------------------------------------------------
 
@@ -237,30 +248,54 @@ class Engine:
         )
         return self._forward_model(input_ids, positions, meta)
 
+    def _on_device(self) -> contextlib.AbstractContextManager:
+        return torch.cuda.device(self.device) if self._cuda else contextlib.nullcontext()
+
+    def _action(self, batch: PreparedBatch, counted: bool) -> Action | None:
+        """How `batch` runs: the graph policy's action, or None when it exceeds the static buffers
+        (always eager, from its own device copy). `counted=False` peeks without side effects."""
+        if self._static is not None and batch.packed.numel() > self._static.numel():
+            if counted:
+                self.policy.counters.uncacheable += 1
+            return None
+        return self.graphs.decide(batch.key) if counted else self.graphs.peek(batch.key)
+
+    def _plan(self, batch: PreparedBatch, action: Action | None) -> AttentionPlan:
+        """The batch's attention plan for a step run as `action`: the one it carries if that still
+        holds, else a new one (kept with the batch).
+
+        The carried plan can be stale: the decision differs from the one peeked at prepare()
+        (a step of the same key ran in between and captured or evicted its graph), or another
+        batch was planned on the same FlashInfer wrapper since (a jump step launched before
+        this one, a prepared batch that was dropped). A graph step of a key always plans
+        that key's own wrapper, before its capture or replay.
+        """
+        captured = self.graphs.backend_of(batch.key) if action is not None else None
+        backend = self.attention.backend_for(batch.key, captured)
+        for_graph = action is not None and action is not Action.EAGER
+        if batch.plan is None or not self.attention.holds(batch.plan, backend, for_graph):
+            batch.plan = self.attention.plan(batch.key, batch.cu_seqlens_cpu, for_graph, backend)
+        return batch.plan
+
     @torch.inference_mode()
     def step(self, batch: PreparedBatch) -> EmbeddingHandle:
         """Run one prepared batch; on CUDA this returns before the GPU has finished."""
-        if not self._cuda:
-            self.policy.counters.eager_runs += 1
-            pooled = self._forward_on(batch.packed, batch.key, batch.cu_seqlens_cpu)
-            return EmbeddingHandle.ready(pooled, batch.num_seqs)
-        with torch.cuda.device(self.device):
-            key = batch.key
-            n = batch.packed.numel()
-            if n <= self._static.numel():
-                action = self.graphs.decide(key)
-                backend = self.attention.activate(key, self.graphs.backend_of(key))
-                self.attention.plan(key, batch.cu_seqlens_cpu, for_graph=action is not Action.EAGER)
-                buf = self._static[:n]
-                buf.copy_(batch.packed, non_blocking=True)
-                cu_cpu = batch.cu_seqlens_cpu
-                pooled = self.graphs.run(key, action, lambda: self._forward_on(buf, key, cu_cpu), backend)
-            else:
-                self.policy.counters.uncacheable += 1
-                self.attention.activate(key)
-                self.attention.plan(key, batch.cu_seqlens_cpu, for_graph=False)
+        key, cu_cpu = batch.key, batch.cu_seqlens_cpu
+        with self._on_device():
+            action = self._action(batch, counted=True)
+            plan = self._plan(batch, action)
+            self.attention.use(plan)  # this batch's own plan, whatever was planned after it
+            if action is None:  # too large for the static buffers: eager, from its own device copy
                 buf = batch.packed.to(self.device, non_blocking=True)
-                pooled = self._forward_on(buf, key, batch.cu_seqlens_cpu)
+                pooled = self._forward_on(buf, key, cu_cpu)
+            else:
+                buf = batch.packed
+                if self._static is not None:  # a graph reads its inputs from the static buffer
+                    buf = self._static[: buf.numel()]
+                    buf.copy_(batch.packed, non_blocking=True)
+                pooled = self.graphs.run(key, action, lambda: self._forward_on(buf, key, cu_cpu), plan.backend)
+            if not self._cuda:
+                return EmbeddingHandle.ready(pooled, batch.num_seqs)
             return EmbeddingHandle.from_device(pooled, batch.num_seqs)
 
     def embed(self, sequences: Sequence[Sequence[int]]) -> np.ndarray:
@@ -282,8 +317,7 @@ class Engine:
             batch = self.prepare(seqs)
             with torch.inference_mode(), torch.cuda.device(self.device):
                 for name in self.attention.candidates:
-                    self.attention.activate(batch.key, name)
-                    self.attention.plan(batch.key, batch.cu_seqlens_cpu, for_graph=False)
+                    self.attention.plan(batch.key, batch.cu_seqlens_cpu, for_graph=False, backend=name)
                     self._forward_on(batch.packed.to(self.device), batch.key, batch.cu_seqlens_cpu)
         torch.cuda.synchronize(self.device)
         self.compile_seconds = time.perf_counter() - started

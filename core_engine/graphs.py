@@ -164,10 +164,11 @@ class GraphCache:
 
     The engine asks `peek(key)` when it prepares a batch (to plan attention for the graph
     or eager step it expects), `decide(key)` when it runs it, then `run(key, action,
-    forward, backend)`, which runs `forward()` eagerly, captures it, or replays its graph. `forward` must read its inputs from static device buffers
-    that the caller fills before each step. The graphs never run concurrently (one
-    stream), which is what makes sharing their pool safe. `on_evict(key)` is called for
-    every graph dropped by the LRU bound.
+    forward, backend)`, which runs `forward()` eagerly, captures it, or replays its graph.
+    `forward` must read its inputs from static device buffers that the caller fills before
+    each step. The graphs never run concurrently (one stream), which is what makes sharing
+    their pool safe. `on_evict(key)` is called for every graph dropped by the LRU bound.
+    On the CPU only the bookkeeping runs (the engine's CPU policy keeps no graphs).
     """
 
     def __init__(self, policy: CapturePolicy, device: torch.device,

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+from core_engine.graphs import GraphKey
 
 
 @dataclass
@@ -54,3 +56,40 @@ class AttentionBackend(Protocol):
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class PlanningBackend(AttentionBackend, Protocol):
+    """A backend with host-side work per batch (FlashInfer), done apart from the kernel launch.
+
+    ``plan`` prepares one batch of graph key ``key`` (CPU int32 ``cu_seqlens_cpu``) for a
+    graph step or an eager one and makes that plan the one the next call runs; it returns
+    the backend's record of the plan. The engine plans when it prepares a batch, while the
+    previous step runs, and the step may come later, after other batches were planned: so
+    ``holds(plan)`` says whether running ``plan`` now would still compute that batch (nothing
+    re-planned its state since, and it is still the state a step of its key and mode uses),
+    and ``use(plan)`` makes it the one the next call runs. ``release(key)`` drops what was
+    kept for a graph key whose graph was evicted.
+    """
+
+    def plan(self, key: GraphKey, cu_seqlens_cpu: torch.Tensor, for_graph: bool) -> Any: ...
+
+    def holds(self, plan: Any) -> bool: ...
+
+    def use(self, plan: Any) -> None: ...
+
+    def release(self, key: GraphKey) -> None: ...
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionPlan:
+    """The attention side of one prepared batch: the backend that runs it, graph or eager, and its plan.
+
+    It travels with the batch from ``prepare()`` to ``step()``, so a step runs with its own
+    plan whatever was planned in between. ``state`` is the backend's record of the plan
+    (``PlanningBackend.plan``'s result), None for backends with nothing to plan.
+    """
+
+    backend: str
+    for_graph: bool
+    state: Any = None

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from core_engine.attention import get_backend, register_backend
-from core_engine.attention.base import AttentionBackend, AttentionMetadata
+from core_engine.attention.base import AttentionBackend, AttentionMetadata, AttentionPlan, PlanningBackend
 from core_engine.graphs import GraphKey
 
 if TYPE_CHECKING:
@@ -75,9 +75,12 @@ def shape_class(key: GraphKey) -> str:
 class AttentionSelector:
     """The backend the model is built with: it forwards each call to the backend active for the step.
 
-    The engine calls `activate(key, captured)` before every step (a replayed graph keeps the
-    backend it was captured with), then `plan(key, cu_seqlens_cpu)` (host-side planning, for
-    FlashInfer), then runs the model. `choices` maps shape class to backend name.
+    The engine plans each batch when it prepares it (`plan(key, cu_seqlens_cpu, for_graph,
+    backend_for(key, captured))`: host-side work, for FlashInfer, done while the previous
+    step runs) and keeps the returned `AttentionPlan` with the batch. When it runs the
+    batch it checks that the plan still `holds` for the backend and graph mode the step
+    now uses (a replayed graph keeps the backend it was captured with) and plans again if
+    not, then `use`s it and runs the model. `choices` maps shape class to backend name.
     """
 
     def __init__(self, candidates: dict[str, AttentionBackend], forced: str | None) -> None:
@@ -88,6 +91,8 @@ class AttentionSelector:
         first = forced or next(iter(candidates))
         self.choices: dict[str, str] = {"small": first, "large": first}
         self.measurements: dict[str, dict[str, float]] = {}
+        self._planning = {name for name, backend in candidates.items() if isinstance(backend, PlanningBackend)}
+        self._active_name = first
         self._active = candidates[first]
 
     @property
@@ -101,17 +106,36 @@ class AttentionSelector:
         # they are, between the compiled regions of each layer.
         return self._active(q, k, v, meta)
 
+    def backend_for(self, key: GraphKey, captured: str | None = None) -> str:
+        """The backend a step of `key` runs on: its graph's when captured, else its shape class's choice."""
+        return captured or self.choices[shape_class(key)]
+
     def activate(self, key: GraphKey, captured: str | None = None) -> str:
-        """Make the backend for this step active and return its name."""
-        name = captured or self.choices[shape_class(key)]
-        self._active = self.candidates[name]
+        """Make the backend for a step of `key` active and return its name."""
+        name = self.backend_for(key, captured)
+        self._active_name, self._active = name, self.candidates[name]
         return name
 
-    def plan(self, key: GraphKey, cu_seqlens_cpu: torch.Tensor, for_graph: bool) -> None:
-        """Host-side planning for the active backend (a no-op for backends without a plan)."""
-        plan = getattr(self._active, "plan", None)
-        if plan is not None:
-            plan(key, cu_seqlens_cpu, for_graph)
+    def plan(self, key: GraphKey, cu_seqlens_cpu: torch.Tensor, for_graph: bool,
+             backend: str | None = None) -> AttentionPlan:
+        """Plan a batch on `backend` (default: the active one) and make that plan the one the next call runs."""
+        name = backend or self._active_name
+        state = self.candidates[name].plan(key, cu_seqlens_cpu, for_graph) if name in self._planning else None
+        plan = AttentionPlan(backend=name, for_graph=for_graph, state=state)
+        self.use(plan)
+        return plan
+
+    def holds(self, plan: AttentionPlan, backend: str, for_graph: bool) -> bool:
+        """Whether `plan` serves a step on `backend` in this graph mode, and nothing re-planned it since."""
+        if plan.backend != backend or plan.for_graph != for_graph:
+            return False
+        return backend not in self._planning or self.candidates[backend].holds(plan.state)
+
+    def use(self, plan: AttentionPlan) -> None:
+        """Make `plan` (its backend and, for a planning backend, its planned state) the one the next call runs."""
+        self._active_name, self._active = plan.backend, self.candidates[plan.backend]
+        if plan.backend in self._planning:
+            self._active.use(plan.state)
 
     def release(self, key: GraphKey) -> None:
         """A graph of `key` was evicted: backends drop what they kept for it."""
@@ -123,7 +147,10 @@ class AttentionSelector:
     def choose(self, engine: "Engine", repeats: int = 30) -> None:
         """Time each candidate on a small and a large step of this model; keep the fastest per class.
 
-        Each candidate is timed as it will serve: host plan + replay of a CUDA graph of the step.
+        Each candidate is timed as it will serve, through a CUDA graph of the step. A small
+        (latency) step pays its host-side plan before its replay, as a lone request does; large
+        (throughput) steps come back to back, and the scheduler prepares (plans) step N+1 while
+        step N runs, so there the plan overlaps the previous replay.
         """
         if self.forced or len(self.candidates) == 1:
             return
@@ -136,7 +163,7 @@ class AttentionSelector:
             for name in self.candidates:
                 self.choices[cls] = name
                 try:
-                    times[name] = _time_graph(engine, batch, repeats)
+                    times[name] = _time_graph(engine, batch, repeats, pipelined=cls == "large")
                 except RuntimeError as exc:
                     log.warning("attention backend %s failed on %s (%s); not used", name, engine.spec.name, exc)
             if not times:
@@ -146,8 +173,13 @@ class AttentionSelector:
         log.info("attention for %s: %s (measured ms/step %s)", engine.spec.name, self.choices, self.measurements)
 
 
-def _time_graph(engine: "Engine", batch: Any, repeats: int) -> float:
-    """Median milliseconds of one step as served: host plan + CUDA graph replay (policy untouched)."""
+def _time_graph(engine: "Engine", batch: Any, repeats: int, pipelined: bool) -> float:
+    """Median milliseconds per step of `batch` through a CUDA graph, with the active backend (policy untouched).
+
+    Serialized: host plan + replay + wait. Pipelined, as the scheduler runs back-to-back steps:
+    plan step N+1 while N runs, wait for N, replay N+1; a step costs the time between two
+    consecutive completions, so a plan shorter than the replay it overlaps costs nothing.
+    """
     attention = engine.attention
     key = batch.key
     with torch.inference_mode(), torch.cuda.device(engine.device):
@@ -158,19 +190,31 @@ def _time_graph(engine: "Engine", batch: Any, repeats: int) -> float:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             engine._forward_on(buf, key, batch.cu_seqlens_cpu)
+        torch.cuda.synchronize(engine.device)
         times = []
-        for i in range(repeats + 3):
-            torch.cuda.synchronize(engine.device)
-            start = time.perf_counter()
-            attention.plan(key, batch.cu_seqlens_cpu, for_graph=True)
-            graph.replay()
-            torch.cuda.synchronize(engine.device)
-            if i >= 3:
-                times.append((time.perf_counter() - start) * 1e3)
+        if pipelined:
+            done = torch.cuda.Event()
+            finished = []
+            for _ in range(repeats + 4):
+                attention.plan(key, batch.cu_seqlens_cpu, for_graph=True)  # overlaps the replay in flight
+                done.synchronize()  # that replay has finished (at once the first time: nothing recorded)
+                finished.append(time.perf_counter())
+                graph.replay()
+                done.record()
+            times = [b - a for a, b in zip(finished[3:], finished[4:])]
+        else:
+            for _ in range(repeats + 3):
+                start = time.perf_counter()
+                attention.plan(key, batch.cu_seqlens_cpu, for_graph=True)
+                graph.replay()
+                torch.cuda.synchronize(engine.device)
+                times.append(time.perf_counter() - start)
+            times = times[3:]
+        torch.cuda.synchronize(engine.device)
         del graph
         attention.release(key)
     times.sort()
-    return times[len(times) // 2]
+    return times[len(times) // 2] * 1e3
 
 
 def make_attention(name: str, device: torch.device, spec: "ModelSpec",

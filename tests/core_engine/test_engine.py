@@ -1,13 +1,21 @@
-"""Engine on the CPU: defaults, packing layout, vectors against sentence-transformers, batch composition, errors."""
+"""Engine on the CPU: defaults, packing layout, vectors against sentence-transformers, batch composition,
+attention planned when a batch is prepared, errors."""
 
 from __future__ import annotations
+
+import functools
+import sys
+import types
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 import torch
 
+from core_engine.attention.base import AttentionMetadata
+from core_engine.attention.cpu import CpuAttention
 from core_engine.engine import Engine, PreparedBatch
-from core_engine.graphs import GraphKey
+from core_engine.graphs import Action, CapturePolicy, GraphCache, GraphKey
 
 TEXTS = [
     "hello world",
@@ -153,3 +161,250 @@ def test_compiled_forward_gives_the_same_vectors(tmp_path, monkeypatch) -> None:
     for lengths in ([5, 40, 130], [7]):
         seqs = [[101, *rng.integers(1000, 30000, size=n - 2).tolist(), 102] for n in lengths]
         np.testing.assert_allclose(compiled.embed(seqs), plain.embed(seqs), atol=1e-5, rtol=1e-5)
+
+
+# -- attention planned when a batch is prepared (FlashInfer's plan, with a stand-in on the CPU) ----
+
+@dataclass
+class PlanLog:
+    """Where each plan of the stand-in wrappers was made: in "prepare", in "step", or elsewhere (None)."""
+
+    phase: str | None = None
+    plans: list[str | None] = field(default_factory=list)
+
+
+class FakePrefillWrapper:
+    """Stands in for FlashInfer's BatchPrefillWithRaggedKVCacheWrapper on the CPU.
+
+    Like the real wrapper, run() computes with its last plan, not with the batch it is given:
+    it attends within the sequence boundaries it was last planned for. A batch run on another
+    batch's plan gives wrong vectors. Graph-mode wrappers keep FlashInfer's rules: a fixed
+    slot count, never more rows than at the first plan.
+    """
+
+    def __init__(self, log: PlanLog, float_workspace_buffer: torch.Tensor, kv_layout: str, *, backend: str,
+                 use_cuda_graph: bool = False, qo_indptr_buf: torch.Tensor | None = None,
+                 kv_indptr_buf: torch.Tensor | None = None) -> None:
+        self.log = log
+        self.slots = len(qo_indptr_buf) - 1 if use_cuda_graph else None
+        self.max_rows: int | None = None
+        self.indptr: torch.Tensor | None = None
+
+    def plan(self, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, num_qo_heads: int, num_kv_heads: int,
+             head_dim: int, *, causal: bool, q_data_type: torch.dtype, kv_data_type: torch.dtype) -> None:
+        assert torch.equal(qo_indptr, kv_indptr) and qo_indptr.dtype == torch.int32
+        rows = int(qo_indptr[-1])
+        if self.slots is not None:
+            assert len(qo_indptr) - 1 == self.slots
+            self.max_rows = self.max_rows or rows
+            assert rows <= self.max_rows
+        self.indptr = qo_indptr.clone()
+        self.causal = causal
+        self.log.plans.append(self.log.phase)
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        meta = AttentionMetadata(cu_seqlens=self.indptr, max_seqlen=0, seq_ids=None, seq_lens=None,
+                                 causal=self.causal, cu_seqlens_cpu=self.indptr)
+        return CpuAttention()(q, k, v, meta)
+
+
+class GraphsOnCpu(GraphCache):
+    """The graph cache's bookkeeping without CUDA: a capture notes the FlashInfer wrapper its step ran
+    with, a replay runs the step again on that wrapper (a replayed graph runs the wrapper recorded in
+    it, whatever was made active since)."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine.policy, engine.device, on_evict=engine.attention.release)
+        self.flashinfer = engine.attention.candidates["fake-flashinfer"]
+        self.recorded: dict[GraphKey, tuple[str, object]] = {}
+        self.actions: list[Action] = []
+
+    def backend_of(self, key: GraphKey) -> str | None:
+        return self.recorded[key][0] if key in self.recorded else None
+
+    def run(self, key, action, forward, backend):
+        self.actions.append(action)
+        if action is Action.REPLAY:
+            self.flashinfer._active = self.recorded[key][1]
+            return forward()
+        out = forward()
+        if action is Action.CAPTURE:
+            self.recorded[key] = (backend, self.flashinfer._active)
+            for old in self.policy.captured(key):
+                del self.recorded[old]
+                self.on_evict(old)
+        return out
+
+
+def _planning_engine(monkeypatch: pytest.MonkeyPatch, max_graphs: int, eager_hits: int = 1) -> tuple[Engine, PlanLog]:
+    """A padded CPU engine whose attention is FlashInferAttention over the stand-in wrapper, with graphs."""
+    from core_engine import attention
+    from core_engine.attention.flashinfer import FlashInferAttention
+    from core_engine.attention.select import AttentionShape
+
+    log = PlanLog()
+    fake = types.SimpleNamespace(BatchPrefillWithRaggedKVCacheWrapper=functools.partial(FakePrefillWrapper, log))
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    monkeypatch.setitem(attention._FACTORIES, "fake-flashinfer", lambda **_: FlashInferAttention(
+        torch.device("cpu"), AttentionShape(12, 12, 32), causal=False, dtype=torch.float32, max_tokens=1024))
+    engine = Engine(attention="fake-flashinfer", pad_to_buckets=True)
+    engine.policy.max_graphs, engine.policy.eager_hits = max_graphs, eager_hits
+    engine.graphs = GraphsOnCpu(engine)
+
+    def phased(call, phase):
+        def run(*args):
+            log.phase = phase
+            try:
+                return call(*args)
+            finally:
+                log.phase = None
+        return run
+
+    engine.prepare, engine.step = phased(engine.prepare, "prepare"), phased(engine.step, "step")
+    return engine, log
+
+
+@dataclass
+class Step:
+    sequences: list[list[int]]
+    jump: list[list[int]] | None = None     # online work launched (prepared and stepped) just before this step
+    dropped: list[list[int]] | None = None  # a step prepared after this one, then dropped
+
+
+def _serve(engine: Engine, steps: list[Step]) -> list[tuple[list[list[int]], np.ndarray]]:
+    """Launch `steps` as sidecar.scheduler._work does: prepare N+1 while N runs, collect N, launch
+    the jump step if any (prepare + step), then N+1. Returns (sequences, vectors) in launch order."""
+    launched: list[tuple[list[list[int]], np.ndarray]] = []
+    in_flight: list = []
+    for step in steps:
+        prepared = engine.prepare(step.sequences)
+        if step.dropped is not None:
+            engine.prepare(step.dropped)
+        launched += [(seqs, handle.result()) for seqs, handle in in_flight]
+        in_flight = []
+        if step.jump is not None:
+            in_flight.append((step.jump, engine.step(engine.prepare(step.jump))))
+        in_flight.append((step.sequences, engine.step(prepared)))
+    launched += [(seqs, handle.result()) for seqs, handle in in_flight]
+    return launched
+
+
+def _seqs(seed: int, lengths: list[int]) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[101, *rng.integers(1000, 30000, size=n - 2).tolist(), 102] for n in lengths]
+
+
+# Graph keys (padded to buckets): A (64 tokens, 4 slots), B (128, 2), C (128, 4), J (64, 8).
+A = [_seqs(i, lengths) for i, lengths in enumerate([[20, 30], [30, 20], [10, 45], [40, 15], [25, 25], [33, 22]])]
+B = [_seqs(10 + i, [n]) for i, n in enumerate([100, 90, 120])]
+C = _seqs(20, [40, 40, 40])
+J = _seqs(21, [5, 6, 7, 8])
+
+
+def _check(engine: Engine, reference: Engine, launched, max_graphs: int) -> None:
+    """Every batch's vectors are its own (against the plain CPU engine) and the capture policy counted
+    exactly what it counts for these steps in launch order when nothing is planned ahead."""
+    for seqs, vectors in launched:
+        np.testing.assert_allclose(vectors, reference.embed(seqs), atol=2e-5, rtol=1e-4)
+    policy = CapturePolicy(max_graphs=max_graphs, eager_hits=engine.policy.eager_hits)
+    for seqs, _ in launched:
+        if policy.decide(engine.prepare(seqs).key) is Action.CAPTURE:
+            policy.captured(engine.prepare(seqs).key)
+    assert engine.counters.as_dict() == policy.counters.as_dict()
+
+
+def test_fixture_keys_are_as_the_scenarios_need(padded_engine: Engine) -> None:
+    keys = {name: {padded_engine.prepare(s).key for s in group} for name, group in
+            dict(A=A, B=B, C=[C], J=[J]).items()}
+    assert all(len(k) == 1 for k in keys.values()) and len(set.union(*keys.values())) == 4
+
+
+def test_attention_is_planned_when_prepared_and_not_again_when_stepped(engine: Engine, monkeypatch) -> None:
+    planning, log = _planning_engine(monkeypatch, max_graphs=4)
+    launched = _serve(planning, [Step(A[0]), Step(A[1]), Step(A[2]), Step(B[0]), Step(A[3])])
+    assert planning.graphs.actions == [Action.EAGER, Action.CAPTURE, Action.REPLAY, Action.EAGER, Action.REPLAY]
+    assert log.plans == ["prepare"] * 5
+    _check(planning, engine, launched, max_graphs=4)
+
+
+def test_a_jump_step_launched_in_between_makes_the_step_plan_again_only_on_a_shared_wrapper(
+        engine: Engine, monkeypatch) -> None:
+    planning, log = _planning_engine(monkeypatch, max_graphs=4)
+    launched = _serve(planning, [
+        Step(A[0]), Step(A[1]),       # A: eager, capture
+        Step(A[2], jump=A[3]),        # the jump replays A's graph on A's wrapper: A[2] plans again
+        Step(A[4], jump=J),           # the jump runs eagerly on the eager wrapper: A[4]'s graph plan holds
+        Step(B[0], jump=C),           # both eager, on the one eager wrapper: B[0] plans again
+    ])
+    assert [seqs for seqs, _ in launched] == [A[0], A[1], A[3], A[2], J, A[4], C, B[0]]
+    assert planning.graphs.actions == [Action.EAGER, Action.CAPTURE, Action.REPLAY, Action.REPLAY,
+                                       Action.EAGER, Action.REPLAY, Action.EAGER, Action.EAGER]
+    P = "prepare"
+    assert log.plans == [P, P, P, P, "step", P, P, P, P, "step"]
+    _check(planning, engine, launched, max_graphs=4)
+
+
+def test_a_jump_step_that_captures_the_key_makes_the_step_plan_again(engine: Engine, monkeypatch) -> None:
+    planning, log = _planning_engine(monkeypatch, max_graphs=4)
+    # A[1] is prepared expecting A's capture on A's wrapper; the jump (same key) captures it first,
+    # so A[1] replays, on the same wrapper, which the jump planned last.
+    launched = _serve(planning, [Step(A[0]), Step(A[1], jump=A[2]), Step(A[3])])
+    assert planning.graphs.actions == [Action.EAGER, Action.CAPTURE, Action.REPLAY, Action.REPLAY]
+    assert log.plans == ["prepare", "prepare", "prepare", "step", "prepare"]
+    _check(planning, engine, launched, max_graphs=4)
+
+
+def test_a_step_runs_its_own_plan_though_another_wrapper_was_planned_after_it(engine: Engine, monkeypatch) -> None:
+    planning, log = _planning_engine(monkeypatch, max_graphs=4)
+    launched = _serve(planning, [
+        Step(A[0]),
+        Step(A[1], jump=J),           # A's capture must record A's wrapper, not the jump's eager one
+        Step(A[2]),                   # so that this replay computes A[2]
+        Step(B[0], dropped=A[3]),     # B[0] runs on the eager wrapper, not on A's, planned after it
+    ])
+    assert planning.graphs.actions == [Action.EAGER, Action.EAGER, Action.CAPTURE, Action.REPLAY, Action.EAGER]
+    assert log.plans == ["prepare"] * 6
+    _check(planning, engine, launched, max_graphs=4)
+
+
+def test_a_prepared_batch_that_is_dropped_makes_the_next_step_plan_again(engine: Engine, monkeypatch) -> None:
+    planning, log = _planning_engine(monkeypatch, max_graphs=4)
+    launched = _serve(planning, [
+        Step(A[0], dropped=B[0]),     # eager wrapper, planned for B[0] after A[0]
+        Step(A[1]),                   # capture
+        Step(A[2], dropped=A[3]),     # A's graph wrapper, planned for A[3] after A[2]
+        Step(A[4], dropped=B[1]),     # B[1] plans the eager wrapper: A[4]'s graph plan holds
+    ])
+    assert planning.graphs.actions == [Action.EAGER, Action.CAPTURE, Action.REPLAY, Action.REPLAY]
+    P = "prepare"
+    assert log.plans == [P, P, "step", P, P, P, "step", P, P]
+    _check(planning, engine, launched, max_graphs=4)
+
+
+def test_an_eviction_in_between_makes_the_step_plan_again_on_the_new_wrapper(engine: Engine, monkeypatch) -> None:
+    planning, log = _planning_engine(monkeypatch, max_graphs=1)
+    flashinfer = planning.attention.candidates["fake-flashinfer"]
+    launched = _serve(planning, [
+        Step(A[0]), Step(B[0]), Step(A[1]),   # A eager, B eager, A captured
+        Step(A[2], jump=B[1]),                # the jump captures B, evicting A: A[2] runs eagerly
+        Step(A[3]), Step(A[4]), Step(A[5]),   # A captured again (on a new wrapper; B evicted), replayed
+    ])
+    assert planning.graphs.actions == [Action.EAGER, Action.EAGER, Action.CAPTURE, Action.CAPTURE, Action.EAGER,
+                                       Action.CAPTURE, Action.REPLAY, Action.REPLAY]
+    assert planning.counters.evictions == 2
+    assert list(flashinfer._graph_wrappers) == [planning.prepare(A[0]).key]
+    assert log.plans.count("step") == 1
+    _check(planning, engine, launched, max_graphs=1)
+
+
+def test_a_graph_key_evicted_and_captured_again_runs_on_its_new_wrapper(engine: Engine, monkeypatch) -> None:
+    planning, log = _planning_engine(monkeypatch, max_graphs=1, eager_hits=0)
+    launched = _serve(planning, [
+        Step(A[0]),                   # captured at once (eager_hits=0)
+        Step(A[1], jump=B[0]),        # prepared to replay on A's wrapper; the jump's capture evicts A,
+                                      # so A[1] captures A again, on a new wrapper
+        Step(A[2]),                   # replays that graph: the new wrapper holds A[2]'s plan
+    ])
+    assert planning.graphs.actions == [Action.CAPTURE, Action.CAPTURE, Action.CAPTURE, Action.REPLAY]
+    assert log.plans == ["prepare", "prepare", "prepare", "step", "prepare"]
+    _check(planning, engine, launched, max_graphs=1)

@@ -119,8 +119,15 @@ def test_attention_selector_routes_by_shape_class_and_keeps_a_graph_on_its_backe
             self.planned: list[GraphKey] = []
             self.released: list[GraphKey] = []
 
-        def plan(self, key: GraphKey, cu_seqlens_cpu, for_graph: bool) -> None:
+        def plan(self, key: GraphKey, cu_seqlens_cpu, for_graph: bool) -> tuple:
             self.planned.append(key)
+            return (key, len(self.planned))
+
+        def holds(self, plan: tuple) -> bool:
+            return plan[1] == len(self.planned)
+
+        def use(self, plan: tuple) -> None:
+            self.used = plan
 
         def release(self, key: GraphKey) -> None:
             self.released.append(key)
@@ -134,7 +141,17 @@ def test_attention_selector_routes_by_shape_class_and_keeps_a_graph_on_its_backe
     assert sel.activate(large) == "b" and sel.name == "b"
     # A graph captured with "a" replays with "a" even where the choice for its class moved on.
     assert sel.activate(large, captured="a") == "a"
-    sel.plan(large, None, for_graph=True)
+    plan = sel.plan(large, None, for_graph=True)
     assert a.planned == [large] and b.planned == []
+    assert (plan.backend, plan.for_graph) == ("a", True) and a.used == plan.state
+    assert sel.holds(plan, "a", for_graph=True)
+    assert not sel.holds(plan, "a", for_graph=False) and not sel.holds(plan, "b", for_graph=True)
+    # A later plan on the same backend makes the first one stale; using it switches back to "a".
+    sel.plan(small, None, for_graph=False, backend="b")
+    assert sel.name == "b" and sel.holds(plan, "a", for_graph=True)
+    sel.plan(small, None, for_graph=False, backend="a")
+    assert not sel.holds(plan, "a", for_graph=True)
+    sel.use(plan)
+    assert sel.name == "a" and a.used == plan.state
     sel.release(large)
     assert a.released == [large] and b.released == [large]
