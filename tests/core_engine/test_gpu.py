@@ -93,6 +93,114 @@ def test_bf16_parity_across_compositions_and_graph_replay(family: str, backend: 
     assert engine.counters.replays >= 3
 
 
+def _serve(engine, steps: list[tuple]) -> list[tuple[list[list[int]], np.ndarray]]:
+    """Launch steps as sidecar.scheduler._work does: prepare N+1 while N runs, collect N, launch the
+    jump step (prepare + step) if any, then N+1. A step is (sequences, jump, dropped): `dropped` is
+    prepared after the step, then never run. Before each jump the GPU is held busy for ~20 ms, so
+    what the jump and N+1 queue (a re-plan's copy from FlashInfer's pinned buffer among it) is
+    still pending when N+2 is prepared. Returns (sequences, vectors) in launch order."""
+    launched, in_flight = [], []
+    for seqs, jump, dropped in steps:
+        prepared = engine.prepare(seqs)
+        if dropped is not None:
+            engine.prepare(dropped)
+        launched += [(s, handle.result()) for s, handle in in_flight]
+        in_flight = []
+        if jump is not None:
+            torch.cuda._sleep(40_000_000)
+            in_flight.append((jump, engine.step(engine.prepare(jump))))
+        in_flight.append((seqs, engine.step(prepared)))
+    launched += [(s, handle.result()) for s, handle in in_flight]
+    return launched
+
+
+FLASHINFER_KERNELS = [
+    pytest.param("fa2", marks=pytest.mark.skipif(not _flashinfer_available(), reason="flashinfer is not installed")),
+    # fa3 as the profile measured it (strided Q/K/V); its first plan JIT-compiles for 1-2 minutes.
+    pytest.param("fa3", marks=pytest.mark.skipif(
+        not _flashinfer_available() or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+        reason="flashinfer's fa3 needs a Hopper GPU")),
+]
+
+
+@pytest.mark.parametrize("kernel", FLASHINFER_KERNELS)
+def test_flashinfer_planned_when_prepared_stays_right_through_pipelined_and_jump_steps(
+        kernel: str, model_dirs: dict[str, Path], references: dict[str, torch.nn.Module],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from core_engine.engine import Engine
+    from core_engine.graphs import Action, CapturePolicy, key_for
+
+    monkeypatch.setenv("FERN_FLASHINFER_BACKEND", kernel)
+    monkeypatch.setenv("FERN_FLASHINFER_CONTIGUOUS", "0" if kernel == "fa3" else "1")
+    family = "qwen3-bidirectional"
+    engine = Engine(model_dirs[family], device="cuda", attention="flashinfer")
+    assert engine.attention.name == "flashinfer" and engine.attention.candidates["flashinfer"].kernel == kernel
+
+    a_lengths = [[300, 200, 120, 90], [200, 300, 90, 120], [120, 90, 300, 200], [260, 260, 110, 100],
+                 [90, 120, 200, 300], [400, 100, 100, 110], [150, 150, 150, 260]]
+    b_lengths = [[40, 60], [50, 50], [63, 30]]
+    j_lengths = [[10, 12, 14, 16, 18], [18, 16, 14, 12, 10]]
+    A = [_sequences(10 + i, n) for i, n in enumerate(a_lengths)]
+    B = [_sequences(20 + i, n) for i, n in enumerate(b_lengths)]
+    J = [_sequences(30 + i, n) for i, n in enumerate(j_lengths)]
+    keys = [{key_for(n, engine.buckets) for n in group} for group in (a_lengths, b_lengths, j_lengths)]
+    assert all(len(k) == 1 for k in keys) and len(set.union(*keys)) == 3
+
+    # Where each FlashInfer plan is made: in prepare(), or in step() (a re-plan).
+    flashinfer = engine.attention.candidates["flashinfer"]
+    phase: list[str | None] = [None]
+    plans: list[str | None] = []
+    real_plan, real_prepare, real_step = flashinfer.plan, engine.prepare, engine.step
+
+    def plan(*args):
+        plans.append(phase[0])
+        return real_plan(*args)
+
+    def in_phase(call, name):
+        def run(*args):
+            phase[0] = name
+            try:
+                return call(*args)
+            finally:
+                phase[0] = None
+        return run
+
+    monkeypatch.setattr(flashinfer, "plan", plan)
+    monkeypatch.setattr(engine, "prepare", in_phase(real_prepare, "prepare"))
+    monkeypatch.setattr(engine, "step", in_phase(real_step, "step"))
+    before = engine.counters.as_dict()
+    launched = _serve(engine, [
+        (A[0], None, None),   # A eager
+        (A[1], None, None),   # A captured
+        (A[2], A[3], None),   # the jump replays A on A's wrapper: A[2] plans again, behind the jump
+        (A[4], None, None),   # planned on A's wrapper while A[2]'s plan copy still waits
+        (A[5], J[0], None),   # the jump runs eagerly on the eager wrapper: A[5]'s plan holds
+        (B[0], J[1], None),   # B eager, the jump captures J: different wrappers, B[0]'s plan holds
+        (B[1], None, B[2]),   # B captured; B[2] was planned on B's wrapper after it: B[1] plans again
+        (B[2], A[6], None),   # B replayed after a replay of A
+        (A[0], None, None),   # A replayed
+    ])
+    prepares = 9 + 4 + 1
+    assert plans.count("step") == 2 and plans.count("prepare") == prepares and len(plans) == prepares + 2
+
+    policy = CapturePolicy(eager_hits=engine.policy.eager_hits)
+    for seqs, _ in launched:
+        key = key_for([len(s) for s in seqs], engine.buckets)
+        if policy.decide(key) is Action.CAPTURE:
+            policy.captured(key)
+    after = engine.counters.as_dict()
+    assert {k: after[k] - before[k] for k in after} == policy.counters.as_dict()
+    assert policy.counters.replays == 7 and policy.counters.captures == 3
+
+    serial = {id(seqs): engine.embed(seqs) for seqs, _ in launched}  # one at a time, nothing pipelined
+    arch = TINY[family]
+    for seqs, vectors in launched:
+        ref = np.stack([reference_pooled(references[family], s, arch.pooling, engine.spec.causal).numpy()
+                        for s in seqs])
+        assert np.all(_cosines(vectors, ref) >= 0.999), _cosines(vectors, ref)
+        assert np.all(_cosines(vectors, serial[id(seqs)]) >= 0.9999), _cosines(vectors, serial[id(seqs)])
+
+
 def test_handle_is_asynchronous_and_result_waits(model_dirs: dict[str, Path]) -> None:
     from core_engine.engine import Engine
 
