@@ -35,7 +35,7 @@ head tokenized by the twin (CUT_CHARS_PER_TOKEN), since truncation would discard
 A query-sized request skips Rust too, whose fixed cost per call (the Encoding, the regex
 pre-tokenizer) is most of a short text's: the twin's words never cross a blank and WordPiece
 goes a word at a time, so a text's ids are its blank-separated chunks' ids in order, looked up
-in a bounded memo (MEMO_CHUNKS) that one twin call fills on a miss; special tokens and
+in a bounded memo (MEMO_CHUNKS) that twin calls fill on misses; special tokens and
 truncation are then applied as the post-processor applies them.
 """
 
@@ -46,9 +46,9 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from bisect import bisect_left
-from itertools import accumulate, chain, repeat
 from concurrent.futures import ThreadPoolExecutor
+from itertools import chain, compress, count
+from operator import gt
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -97,6 +97,10 @@ _RUST_THREADS = int(os.environ.get("RAYON_NUM_THREADS") or 0) or os.cpu_count() 
 MEMO_CHUNKS = 1 << 15
 # Longer chunks (URLs, hashes, [UNK]-sized words) are rare in a query and are not kept.
 MEMO_CHUNK_CHARS = 32
+# A text whose chunks are mostly new gets its ids from one Rust call as without the memo, and
+# a second call on at most this many of its new chunks fills the memo: text unlike any seen
+# before costs ~1.2x the memo-less path rather than ~2x, and the memo still warms up.
+MEMO_LEARN_CHUNKS = 16
 
 
 def default_workers() -> int:
@@ -216,7 +220,8 @@ class _ChunkIds:
     truncation are then applied as the post-processor does: prefix + body cut to the limit
     less the special tokens + suffix. Chunks missing from the memo are tokenized by the twin
     itself in one call, joined by spaces (no added token holds whitespace, so none can match
-    across two chunks) and told apart by their tokens' offsets."""
+    across two chunks) and told apart by their tokens' offsets. A text made mostly of new
+    chunks is tokenized whole instead, and teaches the memo MEMO_LEARN_CHUNKS of them."""
 
     def __init__(self, tokenizer: Tokenizer, prefix: list[int], suffix: list[int],
                  entries: int = MEMO_CHUNKS, chars: int = MEMO_CHUNK_CHARS) -> None:
@@ -249,11 +254,12 @@ class _ChunkIds:
         (which must leave room for the special tokens)."""
         seqs = []
         for text in texts:
-            chunks = text.lower().split()  # under `fits`, str.split's whitespace is the twin's
+            lowered = text.lower()
+            chunks = lowered.split()  # under `fits`, str.split's whitespace is the twin's
             try:
                 body = list(chain.from_iterable(map(self._memo.__getitem__, chunks)))
             except KeyError:
-                body = list(chain.from_iterable(map(self._learn(chunks).__getitem__, chunks)))
+                body = self._miss(lowered, chunks)
             room = None if limit is None else limit - (self.specials if special else 0)
             if room is not None and len(body) > room:
                 del body[room:]
@@ -262,29 +268,37 @@ class _ChunkIds:
             seqs.append(body)
         return seqs
 
-    def _learn(self, chunks: list[str]) -> dict[str, tuple[int, ...]]:
-        """Every one of `chunks` with its ids; the missing ones are tokenized and kept."""
+    def _miss(self, lowered: str, chunks: list[str]) -> list[int]:
+        """The plain ids of `lowered` (split into `chunks`), some of which the memo lacks."""
         memo = self._memo
-        known: dict[str, tuple[int, ...]] = {}
-        missing: list[str] = []
-        for chunk in dict.fromkeys(chunks):
-            seen = memo.get(chunk)
-            if seen is None:
-                missing.append(chunk)
-            else:
-                known[chunk] = seen
-        encoding = self._tokenizer.encode(" ".join(missing), add_special_tokens=False)
-        ids, starts = encoding.ids, [start for start, _ in encoding.offsets]
-        # Each chunk's tokens start at or after its first character, the earlier ones' before it.
-        firsts = [*map(bisect_left, repeat(starts), accumulate((len(c) + 1 for c in missing[:-1]), initial=0)),
-                  len(ids)]
-        new = list(zip(missing, map(tuple, map(ids.__getitem__, map(slice, firsts, firsts[1:])))))
-        known.update(new)
-        kept = [(c, seq) for c, seq in new if len(c) <= self._chars][:self._entries]
+        known = {chunk: memo.get(chunk) for chunk in chunks}
+        missing = [chunk for chunk, ids in known.items() if ids is None]
+        if len(missing) <= MEMO_LEARN_CHUNKS or 2 * len(missing) <= len(known):  # only they are tokenized
+            learned = self._tokenize(missing)
+            known.update(learned)
+            body = list(chain.from_iterable(map(known.__getitem__, chunks)))
+        else:  # mostly new: the text in one call as without the memo, which learns some of them
+            body = _ids(self._tokenizer, [lowered], False)[0]
+            learned = self._tokenize([c for c in missing if len(c) <= self._chars][:MEMO_LEARN_CHUNKS])
+        kept = [(chunk, ids) for chunk, ids in learned.items() if len(chunk) <= self._chars][:self._entries]
         if len(memo) + len(kept) > self._entries:
             memo.clear()
         memo.update(kept)
-        return known
+        return body
+
+    def _tokenize(self, chunks: list[str]) -> dict[str, tuple[int, ...]]:
+        """The twin's plain ids of each of `chunks`, from one call on them joined by spaces."""
+        if not chunks:
+            return {}
+        encoding = self._tokenizer.encode(" ".join(chunks), add_special_tokens=False)
+        starts, ends = zip(*encoding.offsets)
+        # A chunk's tokens are contiguous (its words are, and so are a word's pieces) and a
+        # space separates two chunks: a chunk's first token is the one after a gap.
+        firsts = [0, *compress(count(1), map(gt, starts[1:], ends)), len(starts)]
+        if len(firsts) != len(chunks) + 1:
+            raise RuntimeError(f"{len(firsts) - 1} token runs for {len(chunks)} chunks: {chunks[:8]!r}")
+        ids = tuple(encoding.ids)
+        return dict(zip(chunks, [ids[a:b] for a, b in zip(firsts, firsts[1:])]))
 
 
 class TextTokenizer:

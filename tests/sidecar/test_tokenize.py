@@ -390,3 +390,26 @@ def test_tokenizers_whose_template_is_not_fixed_tokens_around_the_text_get_no_me
     unpadded = Tokenizer.from_file(str(spec.tokenizer_path))
     unpadded.no_padding()
     assert _ChunkIds.of(_AsciiTwin.of(unpadded)) is not None
+
+
+def test_a_mostly_new_text_is_tokenized_whole_and_teaches_the_memo_a_few_chunks_a_call(spec, memo_tok,
+                                                                                        monkeypatch):
+    from tokenizers import Tokenizer
+
+    import sidecar.tokenize
+    from sidecar.tokenize import MEMO_LEARN_CHUNKS
+
+    reference = Tokenizer.from_file(str(spec.tokenizer_path))
+    reference.no_padding()
+    reference.enable_truncation(spec.max_tokens)
+    text = " ".join(f"Chunk{i}, (x{i % 7})" for i in range(60))  # 120 chunks, 67 distinct
+    expected = [reference.encode(text).ids]
+    sizes = []
+    for _ in range(6):
+        assert memo_tok.encode([text]) == expected
+        sizes.append(len(memo_tok._chunks._memo))
+    # 16 a call while most are new, then the rest at once.
+    assert sizes[:3] == [MEMO_LEARN_CHUNKS, 2 * MEMO_LEARN_CHUNKS, 3 * MEMO_LEARN_CHUNKS] and sizes[3] == 67
+    monkeypatch.setattr(memo_tok._chunks, "_tokenizer", None)  # now all of it comes from the memo
+    monkeypatch.setattr(sidecar.tokenize._AsciiTwin, "encode", _rust_only)
+    assert memo_tok.encode([text]) == expected
