@@ -14,8 +14,15 @@ Workloads: the GPU suite's queries, passages and long documents (benchmarks/text
 line breaks and some non-ASCII), so the word mix is not only the synthetic vocabulary.
 Every method's ids are checked equal to raw's before anything is timed.
 
+Then the online path, one text a call (`single_text` in the result, microseconds per call):
+raw again, `encode([text])` through the Rust twin (`rust`, TextTokenizer with memo_chunks=0,
+the path before the chunk memo), through the chunk memo once its chunks are known (`memo`),
+with the memo emptied before each pass over the texts (`memo_stream`: it learns as it goes)
+and before every call (`memo_cold`: every chunk new, its worst case), on texts of 16 and 128
+tokens (a 200-word vocabulary) and on prose paragraphs up to the inline size.
+
 Usage: python -m benchmarks.tokenize_bench [--threads N] [--workers N] [--slice N]
-       [--rounds 5] [--scale 1.0] [--tokenizer DIR] [--max-tokens N] [--out FILE]
+       [--rounds 5] [--scale 1.0] [--tokenizer DIR] [--max-tokens N] [--single-only] [--out FILE]
 --threads sets RAYON_NUM_THREADS (Rust's pool) unless it is already set; no GPU, no network.
 """
 
@@ -30,6 +37,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 WORKLOADS = (("queries", 8, 24, 20000), ("passages", 64, 256, 6000), ("long", 384, 512, 2000))
+# One-text rows: (name, tokens a text, special tokens included); 200 texts each at --scale 1.
+SINGLE = (("query16", 16), ("query128", 128))
+SINGLE_TEXTS = 200
 
 
 def _prose(count: int) -> list[str]:
@@ -78,9 +88,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "encode": fern.encode,
         "sliced": lambda texts: loop.run_until_complete(fern.encode_async(texts)),
     }
-    workloads = {name: workload_texts(raw, Workload(name, low, high, max(1, int(count * args.scale))), seed=11)
-                 for name, low, high, count in WORKLOADS}
-    workloads["prose"] = _prose(max(1, int(4000 * args.scale)))
+    workloads: dict[str, list[str]] = {}
+    if not args.single_only:
+        workloads = {name: workload_texts(raw, Workload(name, low, high, max(1, int(count * args.scale))), seed=11)
+                     for name, low, high, count in WORKLOADS}
+        workloads["prose"] = _prose(max(1, int(4000 * args.scale)))
     rows: dict[str, Any] = {}
     try:
         for name, texts in workloads.items():
@@ -110,7 +122,68 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"tokenizer": str(path), "max_tokens": max_tokens, "rounds": args.rounds, "scale": args.scale,
             "rayon_threads": os.environ.get("RAYON_NUM_THREADS"),
             "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM"),
-            "workers": workers, "slice_texts": args.slice, "workloads": rows}
+            "workers": workers, "slice_texts": args.slice, "workloads": rows,
+            "single_text": _single_text(args, raw, path, max_tokens)}
+
+
+def _single_text(args: argparse.Namespace, raw: Any, path: Path, max_tokens: int) -> dict[str, Any]:
+    """Microseconds per one-text call, each method over the same texts, interleaved rounds."""
+    from benchmarks.texts import make_texts
+    from sidecar.tokenize import INLINE_CHARS, TextTokenizer
+
+    count = max(1, int(SINGLE_TEXTS * args.scale))
+    rows_texts = {name: make_texts(raw, [tokens] * count, seed=13) for name, tokens in SINGLE}
+    rows_texts["prose"] = [p for p in _prose(4 * count) if len(p) <= INLINE_CHARS][:count]
+    rust = TextTokenizer(path, max_tokens, workers=1, memo_chunks=0)
+    memo = TextTokenizer(path, max_tokens, workers=1)
+    # Its own tokenizer, so that emptying its memo leaves `memo` warm.
+    emptied = TextTokenizer(path, max_tokens, workers=1)
+
+    def stream(texts: list[str]) -> list[list[int]]:
+        emptied._chunks._memo.clear()
+        return [ids for text in texts for ids in emptied.encode([text])]
+
+    def cold(texts: list[str]) -> list[list[int]]:
+        seqs = []
+        for text in texts:
+            emptied._chunks._memo.clear()
+            seqs.extend(emptied.encode([text]))
+        return seqs
+
+    methods: dict[str, Callable[[list[str]], list[list[int]]]] = {
+        "raw": lambda texts: [e.ids for text in texts for e in raw.encode_batch_fast([text])],
+        "rust": lambda texts: [ids for text in texts for ids in rust.encode([text])],
+        "memo": lambda texts: [ids for text in texts for ids in memo.encode([text])],
+        "memo_stream": stream,
+        "memo_cold": cold,
+    }
+    rows: dict[str, Any] = {}
+    try:
+        if memo._chunks is None or emptied._chunks is None:
+            raise AssertionError(f"{path} gets no chunk memo: nothing to compare")
+        for name, texts in rows_texts.items():
+            expected = methods["raw"](texts)
+            for method, fn in methods.items():  # fills `memo`: it is timed warm
+                if fn(texts) != expected:
+                    raise AssertionError(f"{method} gave other ids than raw on single {name}")
+            seconds: dict[str, list[float]] = {m: [] for m in methods}
+            for _ in range(args.rounds):
+                for method, fn in methods.items():
+                    start = time.perf_counter()
+                    fn(texts)
+                    seconds[method].append(time.perf_counter() - start)
+            micros = {m: [s * 1e6 / len(texts) for s in runs] for m, runs in seconds.items()}
+            median = {m: statistics.median(us) for m, us in micros.items()}
+            rows[name] = {"texts": len(texts), "mean_tokens": round(sum(map(len, expected)) / len(texts), 1),
+                          "us_per_call": {m: round(us, 1) for m, us in median.items()},
+                          "spread_us_per_call": {m: [round(min(us), 1), round(max(us), 1)]
+                                                 for m, us in micros.items()},
+                          "rust_minus_memo_us": round(median["rust"] - median["memo"], 1)}
+            print(f"single {name:9s} " + "  ".join(f"{m} {us:6.1f} us" for m, us in median.items()), flush=True)
+    finally:
+        for tokenizer in (rust, memo, emptied):
+            tokenizer.close()
+    return {"texts_per_row": count, "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="model directory with tokenizer.json (default: the bundled all-MiniLM-L6-v2)")
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="truncation limit (default: the model's, from its config; needed without one)")
+    parser.add_argument("--single-only", action="store_true",
+                        help="only the one-text rows (single_text), not the tokens/s workloads")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/tokenize-cpu.json"))
     parser.add_argument("--no-write", action="store_true", help="print only, write no result file")
     args = parser.parse_args(argv)

@@ -98,8 +98,8 @@ MEMO_CHUNKS = 1 << 15
 # Longer chunks (URLs, hashes, [UNK]-sized words) are rare in a query and are not kept.
 MEMO_CHUNK_CHARS = 32
 # A text whose chunks are mostly new gets its ids from one Rust call as without the memo, and
-# a second call on at most this many of its new chunks fills the memo: text unlike any seen
-# before costs ~1.2x the memo-less path rather than ~2x, and the memo still warms up.
+# a second call on at most this many of its new chunks fills the memo: a text with no chunk
+# seen before costs ~1.6x the memo-less path rather than ~2x, and the memo still warms up.
 MEMO_LEARN_CHUNKS = 16
 
 
