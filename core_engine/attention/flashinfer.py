@@ -27,6 +27,17 @@ def workspace_bytes(shape: "AttentionShape", max_tokens: int) -> int:
     return max(WORKSPACE_BYTES, partials + (32 << 20))
 
 
+def default_kernel(device: torch.device, shape: "AttentionShape") -> str:
+    """FlashInfer's kernel family: fa3 on Hopper where it compiles (head_dim 64, 128, 256), else fa2.
+
+    On the H200, with its host plan overlapping the previous step, fa3 on strided Q/K/V gave
+    +4-5 % on 512-token steps over varlen, where fa2 lost to varlen (profile-h200-fa3.json);
+    the engine still picks the backend per shape by measurement (batch 1 stays on varlen).
+    """
+    hopper = torch.cuda.get_device_capability(device)[0] == 9
+    return "fa3" if hopper and shape.head_dim in (64, 128, 256) else "fa2"
+
+
 @dataclass(eq=False)
 class _Wrapper:
     """One FlashInfer wrapper and what the host knows about it."""
@@ -69,8 +80,8 @@ class FlashInferAttention:
         self.shape = shape
         self.causal = causal
         self.dtype = dtype
-        self.kernel = os.environ.get("FERN_FLASHINFER_BACKEND", "fa2")
-        self.contiguous = os.environ.get("FERN_FLASHINFER_CONTIGUOUS", "1") != "0"
+        self.kernel = os.environ.get("FERN_FLASHINFER_BACKEND") or default_kernel(device, shape)
+        self.contiguous = os.environ.get("FERN_FLASHINFER_CONTIGUOUS", "0" if self.kernel == "fa3" else "1") != "0"
         self._workspace = torch.empty(workspace_bytes(shape, max_tokens), dtype=torch.uint8, device=device)
         self._eager = self._new_wrapper()
         self._graph_wrappers: dict[GraphKey, _Wrapper] = {}

@@ -408,3 +408,14 @@ def test_a_graph_key_evicted_and_captured_again_runs_on_its_new_wrapper(engine: 
     assert planning.graphs.actions == [Action.CAPTURE, Action.CAPTURE, Action.CAPTURE, Action.REPLAY]
     assert log.plans == ["prepare", "prepare", "prepare", "step", "prepare"]
     _check(planning, engine, launched, max_graphs=1)
+
+
+@pytest.mark.parametrize("capability, head_dim, kernel", [
+    ((9, 0), 64, "fa3"), ((9, 0), 128, "fa3"), ((9, 0), 96, "fa2"), ((8, 0), 64, "fa2"), ((10, 0), 128, "fa2"),
+])
+def test_flashinfer_kernel_is_fa3_only_on_hopper_head_dims_it_compiles(monkeypatch, capability, head_dim, kernel):
+    from core_engine.attention.flashinfer import default_kernel
+    from core_engine.attention.select import AttentionShape
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert default_kernel(torch.device("cuda", 0), AttentionShape(16, 16, head_dim)) == kernel
