@@ -311,21 +311,20 @@ def test_bulk_requests_stay_on_rust(memo_tok):
 
 
 def test_over_length_with_truncation_off_raises_as_without_the_memo(spec, memo_tok):
-    plain = TextTokenizer.for_spec(spec, workers=1)
-    plain_memo = TextTokenizer(spec.tokenizer_path, spec.max_tokens, workers=1, memo_chunks=0)
+    without = TextTokenizer(spec.tokenizer_path, spec.max_tokens, workers=1, memo_chunks=0)
     try:
-        assert plain_memo._chunks is None
+        assert without._chunks is None
         for texts in (["word " * 255], ["ok", "1,2;3.4!" * 60], ["a", "b", "c", "d " * 300]):
             errors = []
-            for t in (memo_tok, plain_memo):
+            for t in (memo_tok, without):
                 with pytest.raises(EmbedError) as info:
                     asyncio.run(t.encode_async(texts, truncate=False, field="queries", offset=3))
                 errors.append((info.value.code, info.value.index, info.value.message))
             assert errors[0] == errors[1]
             assert errors[0][2].startswith(f"queries[{3 + len(texts) - 1}]: ")
+        assert memo_tok._chunks._memo  # the memo tokenized them
     finally:
-        plain.close()
-        plain_memo.close()
+        without.close()
 
 
 @pytest.mark.parametrize("max_tokens,eos", [(2, None), (3, None), (10, None), (2, 102), (3, 102), (10, 102)])
