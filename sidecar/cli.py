@@ -355,17 +355,21 @@ async def run_sidecar(args: argparse.Namespace,
     return status
 
 
-# gRPC's EventEngine listener adds thread hand-offs to every call. The server process turns
-# it off (gRPC reads the setting once, when it is first imported; an explicit
-# GRPC_EXPERIMENTS wins). Bare round trips on the H200 host (benchmarks/grpc_floor.py):
-# 586 us with gRPC's defaults, 485 us with this server, 225 us when the client process also
-# sets GRPC_EXPERIMENTS=-event_engine_client,-event_engine_listener (README: Performance).
+# gRPC's EventEngine adds thread hand-offs to every call. `fern serve` turns off its
+# listener and client, every other `fern` process (pg worker, embed, models) its client.
+# gRPC reads the setting once, when it is first imported; an explicit GRPC_EXPERIMENTS
+# wins. Bare round trips on the H200 host (benchmarks/grpc_floor.py): 586 us with gRPC's
+# defaults, 485 us with this server, 225 us when the client is off EventEngine too.
 SERVER_GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener"
+CLIENT_GRPC_EXPERIMENTS = "-event_engine_client"
+
+
+def _grpc_settings(serving: bool) -> None:
+    if "grpc" not in sys.modules:
+        os.environ.setdefault("GRPC_EXPERIMENTS", SERVER_GRPC_EXPERIMENTS if serving else CLIENT_GRPC_EXPERIMENTS)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    if "grpc" not in sys.modules:
-        os.environ.setdefault("GRPC_EXPERIMENTS", SERVER_GRPC_EXPERIMENTS)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return _run_loop(run_sidecar(args), args.loop)
@@ -481,6 +485,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `fern` console script."""
     args = build_parser().parse_args(argv)
+    _grpc_settings(serving=args.func in (cmd_serve, cmd_demo))
     return int(args.func(args) or 0)
 
 

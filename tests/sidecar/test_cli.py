@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -157,3 +158,29 @@ def test_server_loop_choice(monkeypatch):
     with pytest.raises(SystemExit, match="uvloop is not installed"):
         cli._run_loop(coro, "uvloop")
     coro.close()
+
+
+_SHOW_GRPC_SETTING = """
+import os, sys
+import sidecar.cli as cli
+def show(args):
+    print(os.environ.get("GRPC_EXPERIMENTS"), "grpc" in sys.modules)
+cli.cmd_serve = lambda args: show(args)
+cli.cmd_models = lambda args: show(args)
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("verb, explicit, expected", [
+    ("serve", None, "-event_engine_client,-event_engine_listener"),
+    ("models", None, "-event_engine_client"),
+    ("models", "-event_engine_listener", "-event_engine_listener"),  # an explicit setting wins
+])
+def test_each_fern_process_turns_grpc_event_engine_off_before_grpc_loads(verb, explicit, expected):
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    if explicit:
+        env["GRPC_EXPERIMENTS"] = explicit
+    done = subprocess.run([sys.executable, "-c", _SHOW_GRPC_SETTING, verb], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [expected, "False"]
