@@ -97,7 +97,9 @@ _RUST_THREADS = int(os.environ.get("RAYON_NUM_THREADS") or 0) or os.cpu_count() 
 # ("world," "(really?)") to their ids: dictionary lookups instead of a Rust call. An entry takes
 # ~350 bytes on words (10 MiB full), ~1.4 KB at worst (32 punctuation marks: 45 MiB full); a
 # full memo is emptied and refills from later misses.
-MEMO_CHUNKS = 1 << 15
+# FERN_TOKEN_MEMO_CHUNKS sets it; 0 turns the memo off (a stream of mostly unseen words, IDs
+# or hashes pays ~1.55x the Rust path per text on misses).
+MEMO_CHUNKS = int(os.environ.get("FERN_TOKEN_MEMO_CHUNKS", 1 << 15))
 # Longer chunks (URLs, hashes, [UNK]-sized words) are rare in a query and are not kept.
 MEMO_CHUNK_CHARS = 32
 # A text whose chunks are mostly new gets its ids from one Rust call as without the memo, and
