@@ -34,7 +34,7 @@ def default_kernel(device: torch.device, shape: "AttentionShape") -> str:
     +4-5 % on 512-token steps over varlen, where fa2 lost to varlen (profile-h200-fa3.json);
     the engine still picks the backend per shape by measurement (batch 1 stays on varlen).
     """
-    hopper = torch.cuda.get_device_capability(device)[0] == 9
+    hopper = torch.device(device).type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
     return "fa3" if hopper and shape.head_dim in (64, 128, 256) else "fa2"
 
 

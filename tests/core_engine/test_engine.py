@@ -419,3 +419,4 @@ def test_flashinfer_kernel_is_fa3_only_on_hopper_head_dims_it_compiles(monkeypat
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     assert default_kernel(torch.device("cuda", 0), AttentionShape(16, 16, head_dim)) == kernel
+    assert default_kernel(torch.device("cpu"), AttentionShape(16, 16, head_dim)) == "fa2"  # the CPU stand-in
