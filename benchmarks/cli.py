@@ -34,6 +34,10 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
                         help="force an attention backend (auto, varlen, flashinfer, cpu)")
     parser.add_argument("--no-grpc", action="store_true",
                         help="skip the end-to-end gRPC runs (they start `fern serve` in a subprocess)")
+    parser.add_argument("--latency-models", nargs="+", default=None, metavar="NAME",
+                        help="the latency part's models instead of the suite's (e.g. minilm bge-base)")
+    parser.add_argument("--latency-lengths", nargs="+", type=int, default=None, metavar="TOKENS",
+                        help="the latency part's tokens per text instead of the suite's")
     parser.add_argument("--tag", default="",
                         help="suffix for the result file names, e.g. the machine")
     parser.set_defaults(func=run_from_args)
@@ -53,6 +57,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         attention=args.attention,
         grpc=not args.no_grpc,
         tag=args.tag,
+        latency_models=tuple(args.latency_models or ()),
+        latency_lengths=tuple(args.latency_lengths or ()),
     )
     run_suite(options)
     return 0

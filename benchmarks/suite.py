@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -49,6 +49,8 @@ class BenchOptions:
     attention: str = "auto"
     grpc: bool = True
     tag: str = ""
+    latency_models: tuple[str, ...] = ()  # empty: the plan's
+    latency_lengths: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -731,6 +733,10 @@ def run_suite(options: BenchOptions) -> dict[str, Any]:
     if options.suite == "gpu" and not device.startswith("cuda"):
         raise ValueError(f"suite 'gpu' needs a CUDA device, got {device}")
     plan = PLANS[options.suite]
+    if options.latency_models:
+        plan = replace(plan, latency_models=options.latency_models)
+    if options.latency_lengths:
+        plan = replace(plan, latency_lengths=options.latency_lengths)
     if not device.startswith("cuda"):
         # On a small shared CPU box, intra-op threads that wait on each other under load cost
         # 10x (measured: 735 ms vs 60 ms for one MiniLM 128-token step at load 6 on 2 cores).

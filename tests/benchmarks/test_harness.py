@@ -57,6 +57,8 @@ def test_bench_verb_parses_into_options() -> None:
     assert callable(args.func)
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "--suite", "tpu"])
+    args = parser.parse_args(["bench", "--latency-models", "minilm", "bge-base", "--latency-lengths", "32"])
+    assert (args.latency_models, args.latency_lengths) == (["minilm", "bge-base"], [32])
 
 
 def test_cpu_plan_stays_small() -> None:
