@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -89,6 +88,7 @@ def client(port: int, iters: int) -> None:
     import grpc
 
     _late_settings()
+    from benchmarks.stats import percentiles
     from sidecar.wire import embedder_pb2 as pb
     from sidecar.wire import embedder_pb2_grpc as pb_grpc
 
@@ -110,9 +110,7 @@ def client(port: int, iters: int) -> None:
         start = time.perf_counter()
         stub.Embed(request)
         samples.append((time.perf_counter() - start) * 1e6)
-    samples.sort()
-    print(json.dumps({"p50_us": statistics.median(samples), "p90_us": samples[int(0.9 * len(samples))],
-                      "p99_us": samples[int(0.99 * len(samples))], "n": len(samples)}))
+    print(json.dumps(percentiles(samples, "us")))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,6 +67,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.stats import percentiles
 from sidecar.cli import SERVER_GRPC_EXPERIMENTS
 
 LENGTHS = (16, 128)
@@ -261,10 +262,7 @@ async def serve(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------- driver side
 
 def _percentiles(samples_ns: list[int] | np.ndarray) -> dict[str, float]:
-    a = np.asarray(samples_ns, dtype=np.float64) / 1e3
-    return {"p50_us": round(float(np.percentile(a, 50)), 1), "p90_us": round(float(np.percentile(a, 90)), 1),
-            "p99_us": round(float(np.percentile(a, 99)), 1), "mean_us": round(float(a.mean()), 1),
-            "n": int(a.size)}
+    return percentiles(np.asarray(samples_ns, dtype=np.float64) / 1e3, "us", digits=1)
 
 
 def _start_server(args: argparse.Namespace, trace_path: Path, log_path: Path, *,

@@ -7,10 +7,14 @@ from typing import Sequence
 import numpy as np
 
 
-def percentiles(samples: Sequence[float], unit: str = "ms") -> dict[str, float] | None:
-    """p50/p90/p99/mean of `samples` (already in `unit`) and their count; None when there are none."""
+def percentiles(samples: Sequence[float], unit: str = "ms", digits: int | None = None) -> dict[str, float] | None:
+    """p50/p90/p99/mean of `samples` (already in `unit`, rounded to `digits` if given) and their
+    count; None when there are none."""
     if len(samples) == 0:
         return None
     a = np.asarray(samples, dtype=np.float64)
-    return {f"p50_{unit}": float(np.percentile(a, 50)), f"p90_{unit}": float(np.percentile(a, 90)),
-            f"p99_{unit}": float(np.percentile(a, 99)), f"mean_{unit}": float(a.mean()), "n": int(a.size)}
+    values = {"p50": np.percentile(a, 50), "p90": np.percentile(a, 90), "p99": np.percentile(a, 99), "mean": a.mean()}
+    out: dict[str, float] = {f"{k}_{unit}": float(v) if digits is None else round(float(v), digits)
+                             for k, v in values.items()}
+    out["n"] = int(a.size)
+    return out
