@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from pg_helpers import cosines, fetch_vectors, run_worker
 from psycopg import sql
 
 from adapters.postgres.search import search
-from adapters.postgres.vectorizer import create_vectorizer, drop_vectorizer, get_vectorizer
+from adapters.postgres.vectorizer import (VectorizerError, create_vectorizer, drop_vectorizer,
+                                          get_vectorizer, split_table_name)
 
 SCHEMA = 'Sch"ema; DROP TABLE canary; --'
 TABLE = "Robert'); DROP TABLE canary;--"
@@ -59,3 +61,25 @@ def test_mixed_case_names_are_taken_verbatim(conn, fern, pg_db, pg_target):
     assert conn.execute('SELECT "embedding" IS NOT NULL FROM "MixedCase"').fetchone() == (True,)
     assert conn.execute("SELECT count(*) FROM fern.vectorizers WHERE table_name = 'mixedcase'"
                         ).fetchone() == (0,)
+
+
+@pytest.mark.parametrize("table, reading", [
+    ('"My.Schema"."T"', ("My.Schema", "T")),
+    ('"a""b"', (None, 'a"b')),
+    ('"a""b"."c"""', ('a"b', 'c"')),
+])
+def test_quoted_table_names_read_as_sql(table, reading):
+    assert split_table_name(table) == [reading]
+
+
+@pytest.mark.parametrize("table, message", [
+    ('"abc', 'table name \'"abc\': unclosed double quote'),
+    ('"a""', 'table name \'"a""\': unclosed double quote'),
+    ('"a"x', 'table name \'"a"x\': expected "schema"."table"'),
+    ('"a"."b"."c"', 'table name \'"a"."b"."c"\': expected "schema"."table"'),
+    ('"a".b', 'table name \'"a".b\': expected a double quote at 4'),
+])
+def test_bad_quoted_table_names_are_named_in_the_error(table, message):
+    with pytest.raises(VectorizerError) as err:
+        split_table_name(table)
+    assert str(err.value) == message

@@ -20,6 +20,25 @@ def test_template_errors_name_the_template(bad):
         parse_template(bad)
 
 
+@pytest.mark.parametrize("bad, message", [
+    ("{open", "template '{open': '{' at 0 is never closed"),
+    ("a {b}} c", "template 'a {b}} c': '{' at 2 is never closed"),
+    ("close}", "template 'close}': unmatched '}' at 5 (write '}}')"),
+    ("{}", "template '{}': empty column name at 0"),
+    ("no columns", "template 'no columns' names no column; write e.g. '{body}'"),
+])
+def test_template_error_messages(bad, message):
+    with pytest.raises(TemplateError) as err:
+        parse_template(bad)
+    assert str(err.value) == message
+
+
+def test_doubled_brace_inside_a_name_is_a_literal_brace():
+    assert parse_template("{a}}b}").columns == ["a}b"]
+    assert parse_template("{a}}}}b} and {c}").parts == (
+        ("column", "a}}b"), ("text", " and "), ("column", "c"))
+
+
 def test_columns_join_with_blank_line():
     t = template_from_columns(["a", "b}{c"])
     assert t.parts == (("column", "a"), ("text", "\n\n"), ("column", "b}{c"))
