@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
+from adapters.postgres.delimited import read_delimited
+
 
 class TemplateError(ValueError):
     """A template that cannot be parsed or names no column."""
@@ -50,26 +52,17 @@ def parse_template(source: str) -> Template:
             text.append("}")
             i += 2
         elif ch == "{":
-            # The name runs to the first single "}"; "}}" inside it is a literal "}".
-            j, buf = i + 1, []
-            while True:
-                end = source.find("}", j)
-                if end < 0:
-                    raise TemplateError(f"template {source!r}: '{{' at {i} is never closed")
-                buf.append(source[j:end])
-                if source.startswith("}}", end):
-                    buf.append("}")
-                    j = end + 2
-                    continue
-                break
-            name = "".join(buf)
+            read = read_delimited(source, i + 1, "}")
+            if read is None:
+                raise TemplateError(f"template {source!r}: '{{' at {i} is never closed")
+            name, after = read
             if not name:
                 raise TemplateError(f"template {source!r}: empty column name at {i}")
             if text:
                 parts.append(("text", "".join(text)))
                 text = []
             parts.append(("column", name))
-            i = end + 1
+            i = after
         elif ch == "}":
             raise TemplateError(f"template {source!r}: unmatched '}}' at {i} (write '}}}}')")
         else:

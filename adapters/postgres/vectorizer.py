@@ -20,6 +20,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from adapters.postgres.delimited import read_delimited
 from adapters.postgres.installer import install, is_installed
 from adapters.postgres.template import (Template, parse_template, template_from_columns,
                                         text_expression)
@@ -163,20 +164,11 @@ def _split_quoted(table: str) -> tuple[str | None, str]:
     while i < len(table):
         if table[i] != '"':
             raise VectorizerError(f"table name {table!r}: expected a double quote at {i}")
-        buf: list[str] = []
-        end = i + 1
-        while True:
-            nxt = table.find('"', end)
-            if nxt < 0:
-                raise VectorizerError(f"table name {table!r}: unclosed double quote")
-            buf.append(table[end:nxt])
-            if table.startswith('""', nxt):
-                buf.append('"')
-                end = nxt + 2
-                continue
-            i = nxt + 1
-            break
-        parts.append("".join(buf))
+        read = read_delimited(table, i + 1, '"')
+        if read is None:
+            raise VectorizerError(f"table name {table!r}: unclosed double quote")
+        name, i = read
+        parts.append(name)
         if i < len(table):
             if table[i] != "." or len(parts) > 1:
                 raise VectorizerError(f"table name {table!r}: expected \"schema\".\"table\"")
