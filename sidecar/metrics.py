@@ -1,0 +1,234 @@
+"""Prometheus metrics: `GET /metrics` renders the schedulers' and engines' live counters as text.
+
+`fern serve --metrics-port N` starts a `MetricsServer` on the sidecar's event loop, bound
+to the same host as gRPC. Nothing is sampled in the background: each scrape reads
+`Scheduler.stats()` (a snapshot taken under the scheduler's lock, held for microseconds,
+the same lock the loop already takes to admit a request) and every engine's graph
+counters (plain ints, read without a lock). The format is Prometheus's text exposition
+format 0.0.4; counters end in `_total`, and every sample carries the model's name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from sidecar.registry import ServedModel
+
+log = logging.getLogger(__name__)
+
+METRICS_PATH = "/metrics"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# A scraper sends its whole request at once; a connection that has not within this long is dropped.
+READ_TIMEOUT_S = 10.0
+MAX_HEADER_LINES = 100
+
+
+@dataclass(frozen=True)
+class Family:
+    """One metric family: its name, type, help text, and how to read a sample from its source."""
+
+    name: str
+    kind: str  # "counter" or "gauge"
+    help: str
+    read: Callable[[object], int]
+
+
+# Per model and lane, from LaneStats. Requests are Scheduler.embed calls (one per gRPC
+# Embed call, or per EmbedStream request, per model).
+LANE_FAMILIES: tuple[Family, ...] = (
+    Family("fern_queue_tokens", "gauge", "Tokens queued in the lane now.",
+           lambda s: s.queued_tokens),
+    Family("fern_queue_requests", "gauge", "Requests with tokens queued in the lane now.",
+           lambda s: s.queued_requests),
+    Family("fern_queue_max_tokens", "gauge", "The lane's queue bound in tokens (beyond it: QueueFull).",
+           lambda s: s.max_queued_tokens),
+    Family("fern_queue_high_water_tokens", "gauge", "The most tokens ever queued in the lane at once.",
+           lambda s: s.high_water_tokens),
+    Family("fern_requests_admitted_total", "counter", "Requests admitted to the lane's queue.",
+           lambda s: s.admitted),
+    Family("fern_requests_rejected_total", "counter",
+           "Requests refused because the lane's queue was full (RESOURCE_EXHAUSTED).",
+           lambda s: s.rejected),
+    Family("fern_requests_cancelled_total", "counter", "Requests cancelled by their caller.",
+           lambda s: s.cancelled),
+    Family("fern_requests_expired_total", "counter",
+           "Requests whose deadline passed before all their sequences were embedded.",
+           lambda s: s.expired),
+    Family("fern_requests_completed_total", "counter", "Requests whose vectors all came back.",
+           lambda s: s.completed),
+    Family("fern_embedded_tokens_total", "counter", "Tokens whose vectors came back.",
+           lambda s: s.tokens),
+)
+
+# Per model and engine (one engine per device), from EngineStats.
+ENGINE_FAMILIES: tuple[Family, ...] = (
+    Family("fern_engine_steps_total", "counter", "Engine steps launched.", lambda s: s.steps),
+    Family("fern_engine_tokens_total", "counter", "Tokens in the engine steps launched.",
+           lambda s: s.tokens),
+    Family("fern_engine_sequences_total", "counter", "Sequences in the engine steps launched.",
+           lambda s: s.sequences),
+    Family("fern_engine_inflight_tokens", "gauge",
+           "Tokens composed into steps and not yet delivered.", lambda s: s.inflight_tokens),
+)
+
+# Per model and engine, from core_engine's GraphCounters (how each step was run).
+GRAPH_FAMILIES: tuple[Family, ...] = (
+    Family("fern_graph_eager_runs_total", "counter", "Steps run eagerly (no CUDA graph).",
+           lambda c: c.eager_runs),
+    Family("fern_graph_captures_total", "counter", "CUDA graphs captured.", lambda c: c.captures),
+    Family("fern_graph_replays_total", "counter", "Steps run by replaying a captured CUDA graph.",
+           lambda c: c.replays),
+    Family("fern_graph_evictions_total", "counter",
+           "Captured CUDA graphs evicted (least recently used first).", lambda c: c.evictions),
+    Family("fern_graph_uncacheable_total", "counter",
+           "Steps too large for the static buffers, always run eagerly.", lambda c: c.uncacheable),
+)
+
+DRAINING = Family("fern_scheduler_draining", "gauge",
+                  "1 while the model's scheduler drains for shutdown, else 0.",
+                  lambda s: int(s.draining))
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _labels(pairs: dict[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{_escape_label(v)}"' for k, v in pairs.items()) + "}"
+
+
+def render(models: Iterable[ServedModel]) -> str:
+    """The text exposition (format 0.0.4) of every model's scheduler and engine counters now."""
+    # One stats() snapshot per model: a model's samples agree with each other.
+    rows: dict[str, list[tuple[dict[str, str], object]]] = {}
+
+    def add(family: Family, labels: dict[str, str], source: object) -> None:
+        rows.setdefault(family.name, []).append((labels, source))
+
+    for served in models:
+        model = served.spec.name
+        stats = served.scheduler.stats()
+        for lane_name, lane_stats in (("online", stats.online), ("batch", stats.batch)):
+            for family in LANE_FAMILIES:
+                add(family, {"model": model, "lane": lane_name}, lane_stats)
+        # The scheduler was built from served.engines: the same engines, in the same order.
+        for index, (engine_stats, engine) in enumerate(zip(stats.engines, served.engines, strict=True)):
+            labels = {"model": model, "engine": str(index), "device": engine_stats.device}
+            for family in ENGINE_FAMILIES:
+                add(family, labels, engine_stats)
+            for family in GRAPH_FAMILIES:
+                add(family, labels, engine.counters)
+        add(DRAINING, {"model": model}, stats)
+
+    lines: list[str] = []
+    for family in (*LANE_FAMILIES, *ENGINE_FAMILIES, *GRAPH_FAMILIES, DRAINING):
+        lines.append(f"# HELP {family.name} {_escape_help(family.help)}")
+        lines.append(f"# TYPE {family.name} {family.kind}")
+        for labels, source in rows.get(family.name, ()):
+            lines.append(f"{family.name}{_labels(labels)} {int(family.read(source))}")
+    return "\n".join(lines) + "\n"
+
+
+class MetricsServer:
+    """`await MetricsServer(registry, host, port).start()`; `.port` is the bound port (0: any free).
+
+    A minimal HTTP/1.1 server on the running event loop: `GET` or `HEAD /metrics` answers
+    the exposition, any other path 404, any other method 405. Every response closes its
+    connection, so `stop()` only has to cancel requests still being read.
+    """
+
+    def __init__(self, models: Iterable[ServedModel], host: str = "127.0.0.1", port: int = 0) -> None:
+        self.models = models
+        self.host = host
+        self.port = port
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task] = set()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}{METRICS_PATH}"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("metrics on %s", self.url)
+
+    async def stop(self) -> None:
+        """Stop listening and drop connections still sending their request."""
+        if self._server is None:
+            return
+        self._server.close()
+        for handler in list(self._handlers):
+            handler.cancel()
+        if self._handlers:
+            await asyncio.wait(list(self._handlers))
+        await self._server.wait_closed()
+        self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handler = asyncio.current_task()
+        self._handlers.add(handler)
+        try:
+            try:
+                method, target = await asyncio.wait_for(_read_request(reader), READ_TIMEOUT_S)
+            except ValueError:  # not HTTP/1.x, or a line past the reader's limit
+                writer.write(_response(400, "Bad Request", "bad request\n"))
+            else:
+                writer.write(self._answer(method, target))
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass  # the scraper went away or never finished its request: nothing to answer
+        except asyncio.CancelledError:
+            pass  # stop() ends the connection
+        finally:
+            self._handlers.discard(handler)
+            writer.close()
+
+    def _answer(self, method: str, target: str) -> bytes:
+        path = target.split("?", 1)[0]
+        if method not in ("GET", "HEAD"):
+            return _response(405, "Method Not Allowed", f"method {method} not allowed: use GET\n",
+                             extra=("Allow: GET, HEAD",))
+        if path != METRICS_PATH:
+            return _response(404, "Not Found", f"{path} not found: metrics are at {METRICS_PATH}\n",
+                             head=method == "HEAD")
+        try:
+            body = render(self.models)
+        except Exception as error:  # our bug: the scraper sees 500, the log has the traceback
+            log.exception("rendering /metrics failed")
+            return _response(500, "Internal Server Error", f"internal error: {error}\n",
+                             head=method == "HEAD")
+        return _response(200, "OK", body, content_type=CONTENT_TYPE, head=method == "HEAD")
+
+
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:
+    """The method and target of an HTTP/1.x request; its headers are read and ignored."""
+    request_line = await reader.readline()
+    if not request_line:
+        raise asyncio.IncompleteReadError(b"", None)
+    parts = request_line.decode("latin-1").split()
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise ValueError(f"not an HTTP/1.x request line: {request_line[:80]!r}")
+    for _ in range(MAX_HEADER_LINES):
+        line = await reader.readline()
+        if line in (b"\r\n", b"\n"):
+            return parts[0], parts[1]
+        if not line:
+            raise asyncio.IncompleteReadError(b"", None)
+    raise ValueError(f"more than {MAX_HEADER_LINES} header lines")
+
+
+def _response(status: int, reason: str, body: str, *, content_type: str = "text/plain; charset=utf-8",
+              extra: tuple[str, ...] = (), head: bool = False) -> bytes:
+    payload = body.encode()
+    headers = [f"HTTP/1.1 {status} {reason}", f"Content-Type: {content_type}",
+               f"Content-Length: {len(payload)}", "Connection: close", *extra]
+    return ("\r\n".join(headers) + "\r\n\r\n").encode() + (b"" if head else payload)
