@@ -118,6 +118,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pg-worker-dsn", default=_env("PG_WORKER_DSN", None),
                    help="also run a Postgres vectorizer worker against this database (env "
                         "FERN_PG_WORKER_DSN; default: off)")
+    p.add_argument("--metrics-port", type=int, default=_env_int("METRICS_PORT", None),
+                   help="also serve Prometheus metrics (GET /metrics) on this port of --host, 0 "
+                        "for any free one (env FERN_METRICS_PORT; default: off)")
     p.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default=_env("LOOP", "auto"),
                    help="event loop: uvloop (auto: when installed; it cut the sidecar's own cost per "
                         "query by 0.1-0.27 ms on the H200 host) or asyncio's (env FERN_LOOP)")
@@ -301,6 +304,8 @@ async def run_sidecar(args: argparse.Namespace,
     _check_free(args.host, args.port)
     if args.pg_port:
         _check_free(args.pg_host or args.host, args.pg_port)
+    if args.metrics_port:
+        _check_free(args.host, args.metrics_port)
     try:
         registry = await asyncio.to_thread(load_registry, args)
     except (ValueError, OSError) as error:  # a bad --model, --device, or knob: say which
@@ -321,6 +326,17 @@ async def run_sidecar(args: argparse.Namespace,
     except OSError as error:
         await registry.drain()
         raise SystemExit(f"fern: {error}") from None
+    metrics = None
+    if args.metrics_port is not None:
+        from sidecar.metrics import MetricsServer
+
+        metrics = MetricsServer(registry, args.host, args.metrics_port)
+        try:
+            await metrics.start()
+        except OSError as error:
+            await sidecar.stop(args.grace)  # nothing is in flight yet: returns at once
+            raise SystemExit(f"fern: metrics: {error}") from None
+        print(f"fern: metrics on {metrics.url}", file=sys.stderr, flush=True)
     if args.pg_worker_dsn:
         worker = _PgWorkerRunner(args.pg_worker_dsn, sidecar.target, args.token)
         sidecar.extras.append(worker)
@@ -351,6 +367,8 @@ async def run_sidecar(args: argparse.Namespace,
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.remove_signal_handler(sig)  # a second Ctrl-C kills at once
     await sidecar.stop(args.grace)
+    if metrics is not None:  # stopped last: scrapes follow the drain to its end
+        await metrics.stop()
     print("fern: stopped", file=sys.stderr, flush=True)
     return status
 
