@@ -1,0 +1,221 @@
+"""`fern serve --metrics-port`: /metrics scraped over loopback before and after real embeds."""
+
+from __future__ import annotations
+
+import http.client
+import math
+import os
+import re
+import socket
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from core_engine.graphs import GraphCounters
+from sidecar.cli import build_parser
+from sidecar.client import FernClient
+from sidecar.metrics import render
+from sidecar.scheduler import Scheduler
+
+# A sample line of the text format 0.0.4: name, optional {labels}, value (no timestamps here).
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+ONLINE_TEXTS = ["What is the capital of France?", "vector search", "a"]
+BATCH_TEXTS = ["Embedding models map text to dense vectors. " * 6, "hello world", "ok", "東京"]
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_exposition(text: str) -> dict[tuple[str, frozenset], float]:
+    """Samples of a text exposition by (name, labels); fails on any line the format does not allow."""
+    assert text.endswith("\n"), "the exposition must end with a line feed"
+    types: dict[str, str] = {}
+    samples: dict[tuple[str, frozenset], float] = {}
+    for number, line in enumerate(text[:-1].split("\n"), 1):
+        if line.startswith("# HELP "):
+            continue
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            assert kind in ("counter", "gauge"), line
+            assert name not in types, f"line {number}: family {name} declared twice"
+            assert kind != "counter" or name.endswith("_total"), f"line {number}: counter {name}"
+            types[name] = kind
+            continue
+        match = _SAMPLE.match(line)
+        assert match, f"line {number} is not `name{{labels}} number`: {line!r}"
+        name, label_text, value = match.groups()
+        assert name in types, f"line {number}: {name} has no # TYPE before its samples"
+        labels = {}
+        if label_text:
+            pairs = list(_LABEL.finditer(label_text))
+            assert ",".join(p.group(0) for p in pairs) == label_text, f"line {number}: labels {label_text!r}"
+            labels = {p.group(1): re.sub(r'\\[\\"n]', lambda m: _UNESCAPE[m.group(0)], p.group(2))
+                      for p in pairs}
+        key = (name, frozenset(labels.items()))
+        assert key not in samples, f"line {number}: sample repeated: {line!r}"
+        samples[key] = float(value)
+        assert math.isfinite(samples[key]) and samples[key] >= 0, line
+    return samples
+
+
+def scrape(port: int, path: str = "/metrics", method: str = "GET") -> tuple[int, str, str]:
+    """(status, Content-Type, body) of one HTTP request to the metrics port."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request(method, path)
+        response = connection.getresponse()
+        return response.status, response.getheader("Content-Type", ""), response.read().decode()
+    finally:
+        connection.close()
+
+
+def metrics(port: int) -> dict[tuple[str, frozenset], float]:
+    status, content_type, body = scrape(port)
+    assert status == 200, body
+    assert content_type == "text/plain; version=0.0.4; charset=utf-8"
+    return parse_exposition(body)
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports process `pid` listens on (Linux /proc: its socket inodes in the LISTEN state)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except FileNotFoundError:  # closed while we looked
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        path = Path(f"/proc/{pid}/net/{table}")
+        if not path.exists():
+            continue
+        for row in path.read_text().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+@pytest.fixture(scope="module")
+def metrics_sidecar(sidecar_factory):
+    port = free_port()
+    process = sidecar_factory("--metrics-port", str(port))
+    process.metrics_port = port
+    yield process
+    process.stop()
+
+
+def test_the_exposition_parses_and_names_the_served_model(metrics_sidecar):
+    samples = metrics(metrics_sidecar.metrics_port)
+    assert f"fern: metrics on http://127.0.0.1:{metrics_sidecar.metrics_port}/metrics" in metrics_sidecar.log()
+    with FernClient(metrics_sidecar.target) as client:
+        (model,) = [m.name for m in client.list_models()]
+    assert {dict(labels)["model"] for _, labels in samples} == {model}
+    for lane in ("online", "batch"):
+        assert value(samples, "fern_queue_tokens", model=model, lane=lane) == 0
+        assert value(samples, "fern_queue_max_tokens", model=model, lane=lane) > 0
+        assert value(samples, "fern_requests_rejected_total", model=model, lane=lane) == 0
+    engine = dict(model=model, engine="0", device="cpu")
+    for name in ("fern_engine_steps_total", "fern_engine_tokens_total", "fern_graph_eager_runs_total",
+                 "fern_graph_captures_total", "fern_graph_replays_total",
+                 "fern_graph_evictions_total", "fern_graph_uncacheable_total"):
+        assert (name, frozenset(engine.items())) in samples
+    assert value(samples, "fern_scheduler_draining", model=model) == 0
+
+
+def test_embedding_moves_the_counters_by_what_was_embedded(metrics_sidecar):
+    port = metrics_sidecar.metrics_port
+    before = metrics(port)
+    with FernClient(metrics_sidecar.target, timeout=120) as client:
+        online = [client.embed([text]) for text in ONLINE_TEXTS]
+        batch = client.embed(BATCH_TEXTS, lane="batch")
+    after = metrics(port)
+    model = batch.model
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, model=model, **labels) - value(before, name, model=model, **labels)
+
+    online_tokens = sum(int(e.token_counts.sum()) for e in online)
+    batch_tokens = int(batch.token_counts.sum())
+    assert delta("fern_requests_completed_total", lane="online") == len(ONLINE_TEXTS)
+    assert delta("fern_requests_admitted_total", lane="online") == len(ONLINE_TEXTS)
+    assert delta("fern_requests_completed_total", lane="batch") == 1
+    assert delta("fern_embedded_tokens_total", lane="online") == online_tokens
+    assert delta("fern_embedded_tokens_total", lane="batch") == batch_tokens
+    engine = dict(engine="0", device="cpu")
+    steps = delta("fern_engine_steps_total", **engine)
+    # Each online call is a step of its own (the calls were sequential); the batch call needs at
+    # least one more, and no step is empty.
+    assert len(ONLINE_TEXTS) + 1 <= steps <= len(ONLINE_TEXTS) + len(BATCH_TEXTS)
+    assert delta("fern_engine_tokens_total", **engine) == online_tokens + batch_tokens
+    assert delta("fern_engine_sequences_total", **engine) == len(ONLINE_TEXTS) + len(BATCH_TEXTS)
+    # Every step ran one way: eagerly, by capture, by replay, or as too large for the graphs.
+    ran = sum(delta(f"fern_graph_{how}_total", **engine)
+              for how in ("eager_runs", "captures", "replays", "uncacheable"))
+    assert ran == steps
+    for lane in ("online", "batch"):
+        assert value(after, "fern_queue_tokens", model=model, lane=lane) == 0
+    assert value(after, "fern_queue_high_water_tokens", model=model, lane="batch") >= batch_tokens
+    assert value(after, "fern_engine_inflight_tokens", model=model, **engine) == 0
+
+
+def test_other_paths_are_not_found_and_only_get_is_allowed(metrics_sidecar):
+    port = metrics_sidecar.metrics_port
+    status, _, body = scrape(port, "/")
+    assert status == 404 and "/metrics" in body
+    assert scrape(port, "/metricsx")[0] == 404
+    assert scrape(port, "/metrics?name[]=fern_queue_tokens")[0] == 200
+    status, content_type, body = scrape(port, method="HEAD")
+    assert (status, body) == (200, "") and "version=0.0.4" in content_type
+    assert scrape(port, method="POST")[0] == 405
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
+        raw.sendall(b"not http\r\n\r\n")
+        assert raw.recv(64).startswith(b"HTTP/1.1 400 ")
+
+
+def test_without_the_flag_nothing_more_listens(metrics_sidecar, sidecar_process):
+    grpc_port = int(metrics_sidecar.target.rsplit(":", 1)[1])
+    # The check itself sees the metrics port where there is one...
+    assert listening_ports(metrics_sidecar.process.pid) == {grpc_port, metrics_sidecar.metrics_port}
+    # ...and a sidecar started without the flag listens on its gRPC port alone.
+    assert listening_ports(sidecar_process.process.pid) == {int(sidecar_process.target.rsplit(":", 1)[1])}
+    assert "fern: metrics on" not in sidecar_process.log()
+
+
+def test_the_environment_twin_sets_the_port(monkeypatch):
+    assert build_parser().parse_args(["serve"]).metrics_port is None
+    monkeypatch.setenv("FERN_METRICS_PORT", "9464")
+    assert build_parser().parse_args(["serve"]).metrics_port == 9464
+    assert build_parser().parse_args(["serve", "--metrics-port", "9000"]).metrics_port == 9000
+
+
+def test_model_names_are_escaped_in_labels():
+    engine = SimpleNamespace(spec=SimpleNamespace(dimensions=4), device="cpu",
+                             counters=GraphCounters(eager_runs=3, replays=2))
+    name = 'odd "name"\\ with\na newline'
+    served = SimpleNamespace(spec=SimpleNamespace(name=name), scheduler=Scheduler([engine]),
+                             engines=[engine])
+    samples = parse_exposition(render([served]))
+    labels = dict(model=name, engine="0", device="cpu")
+    assert value(samples, "fern_graph_eager_runs_total", **labels) == 3
+    assert value(samples, "fern_graph_replays_total", **labels) == 2
+    assert value(samples, "fern_queue_tokens", model=name, lane="batch") == 0
+
+
+def test_the_metrics_port_closes_when_the_sidecar_drains(metrics_sidecar):
+    assert metrics_sidecar.terminate() == 0
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", metrics_sidecar.metrics_port), timeout=5).close()
