@@ -20,68 +20,24 @@ is a floor. Usage: python -m benchmarks.pg_backfill [--texts 3000] [--rounds 3]
 from __future__ import annotations
 
 import argparse
-import random
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.pg_common import start_sidecar, start_worker, write_result
+from benchmarks.pg_common import (EngineRun, best_of_rounds, measure_stream, passages,
+                                  start_sidecar, start_worker, warm_sidecar, write_result)
 
 WORDS = ("engine vector search query index token batch model latency throughput database "
          "river mountain garden kitchen market harbor forest desert island village bridge "
          "music painting theatre novel poem festival museum library station weather "
          "customer invoice shipment warehouse contract meeting schedule report budget").split()
+# The engine fields this benchmark's result files have always recorded.
+ENGINE_FIELDS = ("rows_per_s", "seconds", "tokens", "step_tokens", "device")
 
 
 def corpus(n: int, seed: int = 11) -> list[str]:
     """`n` deterministic passages of 20-60 words."""
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 60))).capitalize() + "."
-            for _ in range(n)]
-
-
-class EngineRun:
-    """The in-process engine on the corpus, tokenized once and packed into the sidecar's steps."""
-
-    def __init__(self, texts: list[str], device: str) -> None:
-        from core_engine.engine import Engine
-        from sidecar.scheduler import SchedulerConfig
-        from sidecar.tokenize import TextTokenizer
-
-        self.engine = Engine(device=device)
-        self.budget = SchedulerConfig.for_device(self.engine.device.type).max_step_tokens
-        tokenizer = TextTokenizer.for_spec(self.engine.spec)
-        seqs = tokenizer.encode(texts)
-        tokenizer.close()
-        self.rows, self.tokens = len(texts), sum(len(s) for s in seqs)
-        self.steps: list[list[list[int]]] = [[]]
-        used = 0
-        for ids in seqs:
-            if self.steps[-1] and used + len(ids) > self.budget:
-                self.steps.append([])
-                used = 0
-            self.steps[-1].append(ids)
-            used += len(ids)
-        self.engine.embed(self.steps[0])  # first-step costs untimed
-
-    def measure(self) -> dict[str, Any]:
-        start = time.perf_counter()
-        for step in self.steps:
-            self.engine.embed(step)
-        seconds = time.perf_counter() - start
-        return {"rows_per_s": self.rows / seconds, "seconds": seconds, "tokens": self.tokens,
-                "step_tokens": self.budget, "device": str(self.engine.device)}
-
-
-def measure_stream(target: str, texts: list[str], batch_size: int) -> dict[str, Any]:
-    from sidecar.client import FernClient
-
-    with FernClient(target) as fern:
-        chunks = [(str(i), texts[i:i + batch_size]) for i in range(0, len(texts), batch_size)]
-        start = time.perf_counter()
-        rows = sum(len(r.embeddings) for r in fern.embed_stream(chunks, prompt="passage"))
-        seconds = time.perf_counter() - start
-    return {"rows_per_s": rows / seconds, "seconds": seconds}
+    return passages(n, seed, WORDS)
 
 
 def measure_backfill(dsn: str, target: str, texts: list[str], round_no: int) -> dict[str, Any]:
@@ -131,7 +87,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from adapters.postgres.embedded import EmbeddedPostgres
     from adapters.postgres.installer import install
-    from sidecar.client import FernClient
 
     texts = corpus(args.texts)
     side = None if args.target else start_sidecar(args.device)
@@ -140,9 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import psycopg
 
-        with FernClient(target) as fern:
-            fern.wait_ready(60)
-            fern.embed(texts[:8], lane="batch")  # the sidecar's first-call paths, untimed
+        warm_sidecar(target, texts)
         engine = EngineRun(texts, args.device)
         with EmbeddedPostgres() as pg:
             with psycopg.connect(pg.dsn, autocommit=True) as conn:
@@ -151,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 time.sleep(2.0)
                 for n in range(args.rounds):
-                    runs["engine"].append(engine.measure())
-                    runs["sidecar_stream"].append(measure_stream(target, texts, args.batch_size))
+                    timing = engine.measure()
+                    runs["engine"].append({k: timing[k] for k in ENGINE_FIELDS})
+                    runs["sidecar_stream"].append(measure_stream(target, texts, args.batch_size,
+                                                                 prompt="passage"))
                     runs["backfill"].append(measure_backfill(pg.dsn, target, texts, n))
             finally:
                 worker.terminate()
@@ -160,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if side is not None:
             side.stop()
-    best = {name: max(values, key=lambda r: r["rows_per_s"]) for name, values in runs.items()}
+    best = best_of_rounds(runs)
     engine_rps = best["engine"]["rows_per_s"]
     result = {
         "what": "rows/s: raw engine (in-process, untimed tokenization) vs sidecar stream vs "

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import re
 import signal
 import subprocess
@@ -30,7 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.pg_common import write_result
+from benchmarks.pg_common import (EngineRun, best_of_rounds, measure_stream, passages,
+                                  warm_sidecar, write_result)
 
 WORDS = ("engine vector search query index token batch model latency throughput database "
          "sidecar stream shard replica cluster memory graph kernel tensor embedding cosine "
@@ -42,63 +42,8 @@ _SERVING = re.compile(r"^fern: serving .* on (\S+) \(")
 
 def corpus(n: int, seed: int = 7) -> list[dict[str, Any]]:
     """`n` deterministic passages of 20-60 words, with an id and a title."""
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        words = [rng.choice(WORDS) for _ in range(rng.randint(20, 60))]
-        rows.append({"id": i, "title": f"Passage {i}", "text": " ".join(words).capitalize() + "."})
-    return rows
-
-
-class EngineRun:
-    """The in-process engine on the corpus, tokenized once and packed into the sidecar's steps."""
-
-    def __init__(self, texts: list[str], device: str, threads: int) -> None:
-        import torch
-
-        from core_engine.engine import Engine
-        from sidecar.scheduler import SchedulerConfig
-        from sidecar.tokenize import TextTokenizer
-
-        torch.set_num_threads(threads)
-        self.engine = Engine(device=device)
-        self.budget = SchedulerConfig.for_device(self.engine.device.type).max_step_tokens
-        tokenizer = TextTokenizer.for_spec(self.engine.spec)
-        seqs = tokenizer.encode(texts)
-        tokenizer.close()
-        self.rows = len(texts)
-        self.tokens = sum(len(s) for s in seqs)
-        self.steps: list[list[list[int]]] = []
-        step: list[list[int]] = []
-        used = 0
-        for ids in seqs:
-            if step and used + len(ids) > self.budget:
-                self.steps.append(step)
-                step, used = [], 0
-            step.append(ids)
-            used += len(ids)
-        self.steps.append(step)
-        self.engine.embed(self.steps[0])  # first-step costs (allocations, lazy init) untimed
-
-    def measure(self) -> dict[str, Any]:
-        start = time.perf_counter()
-        for step in self.steps:
-            self.engine.embed(step)
-        seconds = time.perf_counter() - start
-        return {"rows_per_s": self.rows / seconds, "tokens_per_s": self.tokens / seconds,
-                "seconds": seconds, "tokens": self.tokens, "step_tokens": self.budget,
-                "steps": len(self.steps), "device": str(self.engine.device)}
-
-
-def measure_stream(target: str, texts: list[str], batch_size: int) -> dict[str, Any]:
-    from sidecar.client import FernClient
-
-    with FernClient(target) as fern:
-        chunks = [(str(i), texts[i:i + batch_size]) for i in range(0, len(texts), batch_size)]
-        start = time.perf_counter()
-        rows = sum(len(r.embeddings) for r in fern.embed_stream(chunks, sparse=True))
-        seconds = time.perf_counter() - start
-    return {"rows_per_s": rows / seconds, "seconds": seconds}
+    return [{"id": i, "title": f"Passage {i}", "text": text}
+            for i, text in enumerate(passages(n, seed, WORDS))]
 
 
 def measure_ingest(target: str, rows: list[dict[str, Any]], batch_size: int, in_flight: int,
@@ -166,17 +111,18 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, Any]]] = {"engine": [], "sidecar_stream": [],
                                              "ingest_hybrid": [], "ingest_dense_only": []}
     try:
-        from sidecar.client import FernClient
-        with FernClient(target) as fern:
-            fern.wait_ready(60)
-            fern.embed(texts[:8], lane="batch")  # warm the sidecar's first-call paths
-        engine = EngineRun(texts, args.device, args.threads)
+        import torch
+
+        warm_sidecar(target, texts)
+        torch.set_num_threads(args.threads)
+        engine = EngineRun(texts, args.device)
         # Rounds alternate the measurements, and the best of each is kept: on a shared
         # machine, other load only ever slows a run down. The idle sidecar costs the
         # in-process engine nothing.
         for _ in range(args.rounds):
             runs["engine"].append(engine.measure())
-            runs["sidecar_stream"].append(measure_stream(target, texts, args.batch_size))
+            runs["sidecar_stream"].append(measure_stream(target, texts, args.batch_size,
+                                                         sparse=True))
             runs["ingest_hybrid"].append(
                 measure_ingest(target, rows, args.batch_size, args.in_flight, sparse=True))
             runs["ingest_dense_only"].append(
@@ -185,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         if proc is not None:
             proc.terminate()
             proc.wait(60)
-    best = {name: max(values, key=lambda r: r["rows_per_s"]) for name, values in runs.items()}
+    best = best_of_rounds(runs)
     engine_rps = best["engine"]["rows_per_s"]
     stream_rps = best["sidecar_stream"]["rows_per_s"]
     result = {
