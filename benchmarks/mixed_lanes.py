@@ -39,6 +39,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.provenance import code_identity  # noqa: E402
 from sidecar.registry import engine_devices  # noqa: E402
 from sidecar.scheduler import Lane, Scheduler, SchedulerConfig  # noqa: E402
 
@@ -342,6 +343,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         "benchmark": "mixed_lanes",
         "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        **code_identity(),
         "mode": "engine level: Scheduler + Engine in one process, synthetic token ids (no gRPC, no tokenizer)",
         "machine": machine(devices),
         "model": spec.name,

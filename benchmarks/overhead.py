@@ -67,6 +67,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.provenance import code_identity
 from benchmarks.stats import percentiles
 from sidecar.cli import SERVER_GRPC_EXPERIMENTS
 
@@ -445,7 +446,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "python": platform.python_version(), "torch": torch.__version__,
                     "grpcio": __import__("grpc").__version__, "torch_threads": args.threads,
                     "device": args.device},
-        "git_commit": _git_commit(),
+        **code_identity(),
         "model": engine.spec.name,
         "engine_stand_in_us": args.engine_us or None,
         "server_event_loop": args.loop,
@@ -490,14 +491,6 @@ def _stages(trace: dict[str, Any], sends: list[tuple[int, int]], measured: list[
             stages["sidecar_cpu"].append(calls[k + 1]["cpu"] - c["cpu"] - engine_cpu)
             stages["loop_cpu"].append(calls[k + 1]["loop_cpu"] - c["loop_cpu"])
     return {"stages": {k: _percentiles(v) for k, v in stages.items()}}
-
-
-def _git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def main(argv: list[str] | None = None) -> int:

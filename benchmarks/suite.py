@@ -22,6 +22,7 @@ import torch
 from tokenizers import Tokenizer
 
 from benchmarks.models import ARCHS, build_random_model
+from benchmarks.provenance import code_identity
 from benchmarks.stats import percentiles as _percentiles
 from benchmarks.texts import Workload, make_texts, workload_texts
 
@@ -691,11 +692,6 @@ def environment(options: BenchOptions, device: str) -> dict[str, Any]:
     except ImportError:
         st_version = None
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = os.environ.get("FERN_GIT_COMMIT")
-    try:
         import flashinfer
 
         fi_version = flashinfer.__version__
@@ -717,7 +713,7 @@ def environment(options: BenchOptions, device: str) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "sentence_transformers": st_version,
         "flashinfer": fi_version,
-        "git_commit": commit,
+        **code_identity(),
         "hostname": platform.node(),
     }
 

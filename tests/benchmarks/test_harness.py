@@ -88,3 +88,33 @@ def test_plots_are_written_for_each_part(tmp_path: Path) -> None:
     paths = write_plots(results, tmp_path, "t")
     assert [p.name for p in paths] == ["t-latency.png", "t-throughput.png", "t-compare.png", "t-capture.png"]
     assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_provenance_hashes_the_sources_and_tells_when_they_differ_from_the_commit(tmp_path: Path) -> None:
+    import subprocess
+
+    from benchmarks.provenance import code_identity, commit_sha256, working_tree_sha256
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    (tmp_path / "core_engine").mkdir()
+    (tmp_path / "core_engine" / "a.py").write_text("x = 1\n")
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "r.py").write_text("not code\n")  # results are not sources
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "one")
+    identity = code_identity(tmp_path)
+    assert identity["git_commit"] == git("rev-parse", "HEAD") and identity["sources_match_commit"] is True
+    assert identity["source_sha256"] == commit_sha256("HEAD", tmp_path) == working_tree_sha256(tmp_path)
+    (tmp_path / "benchmarks" / "results" / "r.py").write_text("changed\n")
+    assert code_identity(tmp_path)["sources_match_commit"] is True
+    (tmp_path / "core_engine" / "a.py").write_text("x = 2\n")  # the code that runs is not the commit's
+    changed = code_identity(tmp_path)
+    assert changed["sources_match_commit"] is False and changed["source_sha256"] != identity["source_sha256"]
+    (tmp_path / "core_engine" / "a.py").write_text("x = 1\n")
+    (tmp_path / "sidecar").mkdir()
+    (tmp_path / "sidecar" / "new.py").write_text("")  # an untracked source counts too
+    assert code_identity(tmp_path)["sources_match_commit"] is False
