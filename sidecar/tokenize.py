@@ -327,6 +327,10 @@ class TextTokenizer:
         self.eos_id = eos_id
         # Tokens the tokenizer itself may produce: one fewer when EOS is appended here.
         self._room = self.max_tokens - (1 if self.eos_id is not None else 0)
+        specials = len(self._full.encode("", add_special_tokens=True).ids)
+        if self._room <= specials:  # no room for a single token of text: truncation could not hold the limit
+            raise ValueError(f"max_tokens {max_tokens} leaves no room for text beside the "
+                             f"{specials + self.max_tokens - self._room} special tokens")
         self._truncating = Tokenizer.from_file(str(tokenizer_path))
         self._truncating.no_padding()
         self._truncating.enable_truncation(self._room)

@@ -327,10 +327,10 @@ def test_over_length_with_truncation_off_raises_as_without_the_memo(spec, memo_t
         without.close()
 
 
-@pytest.mark.parametrize("max_tokens,eos", [(2, None), (3, None), (10, None), (2, 102), (3, 102), (10, 102)])
+@pytest.mark.parametrize("max_tokens,eos", [(3, None), (4, None), (10, None), (4, 102), (5, 102), (10, 102)])
 def test_the_memo_cuts_at_every_limit_like_rust(spec, max_tokens, eos):
-    # Small limits, with and without an appended EOS: the memo's cut (and its stepping aside
-    # where the limit leaves no room for the special tokens) matches the Rust twin's.
+    # The smallest limits, with and without an appended EOS: the memo's cut matches the Rust
+    # twin's (limits with no room for text are refused, tested below).
     texts = ["", "hi", "hello world", "word " * 8, "word " * 9, "word " * 20, "a, b. c! " * 4]
     with_memo = TextTokenizer(spec.tokenizer_path, max_tokens, eos_id=eos, workers=1)
     without = TextTokenizer(spec.tokenizer_path, max_tokens, eos_id=eos, workers=1, memo_chunks=0)
@@ -412,3 +412,15 @@ def test_a_mostly_new_text_is_tokenized_whole_and_teaches_the_memo_a_few_chunks_
     monkeypatch.setattr(memo_tok._chunks, "_tokenizer", None)  # now all of it comes from the memo
     monkeypatch.setattr(sidecar.tokenize._AsciiTwin, "encode", _rust_only)
     assert memo_tok.encode([text]) == expected
+
+
+def test_a_limit_with_no_room_for_text_beside_the_special_tokens_is_refused():
+    from core_engine.loader import default_model_dir
+
+    path = default_model_dir() / "tokenizer.json"
+    with pytest.raises(ValueError, match="max_tokens 3 leaves no room for text beside the 3 special tokens"):
+        TextTokenizer(path, 3, eos_id=102)  # [CLS] [SEP] + EOS
+    with pytest.raises(ValueError, match="max_tokens 2 leaves no room"):
+        TextTokenizer(path, 2)  # [CLS] [SEP]
+    tok = TextTokenizer(path, 4, eos_id=102)
+    assert all(len(ids) <= 4 for ids in tok.encode(["hello world", "a b c d e f"]))
