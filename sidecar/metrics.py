@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sidecar.registry import ServedModel
 
@@ -106,7 +106,9 @@ def _labels(pairs: dict[str, str]) -> str:
 
 def render(models: Iterable[ServedModel]) -> str:
     """The text exposition (format 0.0.4) of every model's scheduler and engine counters now."""
-    # One stats() snapshot per model: a model's samples agree with each other.
+    # A model's scheduler samples come from one stats() snapshot; its graph counters are
+    # copied right after (the engine thread bumps them outside the scheduler's lock, so a
+    # step being launched may show in one and not yet in the other).
     rows: dict[str, list[tuple[dict[str, str], object]]] = {}
 
     def add(family: Family, labels: dict[str, str], source: object) -> None:
@@ -121,10 +123,11 @@ def render(models: Iterable[ServedModel]) -> str:
         # The scheduler was built from served.engines: the same engines, in the same order.
         for index, (engine_stats, engine) in enumerate(zip(stats.engines, served.engines, strict=True)):
             labels = {"model": model, "engine": str(index), "device": engine_stats.device}
+            graphs = replace(engine.counters)
             for family in ENGINE_FAMILIES:
                 add(family, labels, engine_stats)
             for family in GRAPH_FAMILIES:
-                add(family, labels, engine.counters)
+                add(family, labels, graphs)
         add(DRAINING, {"model": model}, stats)
 
     lines: list[str] = []
