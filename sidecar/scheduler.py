@@ -286,7 +286,8 @@ class Scheduler:
         if request.size == 0:
             return request.out
         if request.expired(time.monotonic()):
-            self._counters[lane].expired += 1
+            with self._cond:  # the engine thread counts expiries too
+                self._counters[lane].expired += 1
             raise DeadlineExceeded(f"deadline passed before the {lane.name} request was queued")
         queue = self._lanes[lane]
         tokens = request.tokens(0, request.size)
