@@ -177,7 +177,7 @@ def _engine_info(engine) -> dict[str, Any]:
     return {"attention": dict(engine.attention.choices), "attention_ms": engine.attention.measurements,
             "compiled": engine.compiled, "compile_seconds": round(engine.compile_seconds, 2),
             "counters": engine.counters.as_dict(), "load_seconds": round(engine.load_seconds, 3),
-            "dtype": str(engine.dtype).replace("torch.", "")}
+            "startup_seconds": engine.startup_seconds, "dtype": str(engine.dtype).replace("torch.", "")}
 
 
 def _sync(device: str) -> None:

@@ -15,10 +15,13 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
 from types import ModuleType
 from typing import TYPE_CHECKING
+
+_STARTED = time.monotonic()  # this module loads first in a `fern` process: start-up is counted from here
 
 if TYPE_CHECKING:  # imported where used: the client verbs (embed, models) need neither
     from sidecar.registry import Registry
@@ -343,7 +346,8 @@ async def run_sidecar(args: argparse.Namespace,
         await worker.start()
     names = ", ".join(s.name for s in sidecar.gateway.models())
     devices = ", ".join(sorted({str(e.device) for m in registry for e in m.engines}))
-    print(f"fern: serving {names} on {sidecar.target} ({devices})", file=sys.stderr, flush=True)
+    print(f"fern: serving {names} on {sidecar.target} ({devices}; {time.monotonic() - _STARTED:.1f} s after start)",
+          file=sys.stderr, flush=True)
     for extra in sidecar.extras:
         if hasattr(extra, "port"):
             print(f"fern: Postgres endpoint on {extra.host}:{extra.port}", file=sys.stderr, flush=True)

@@ -420,3 +420,10 @@ def test_flashinfer_kernel_is_fa3_only_on_hopper_head_dims_it_compiles(monkeypat
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     assert default_kernel(torch.device("cuda", 0), AttentionShape(16, 16, head_dim)) == kernel
     assert default_kernel(torch.device("cpu"), AttentionShape(16, 16, head_dim)) == "fa2"  # the CPU stand-in
+
+
+def test_startup_is_broken_down_and_adds_up(engine):
+    parts = engine.startup_seconds
+    assert set(parts) == {"build", "compile", "choose_attention", "prewarm"}
+    assert all(v >= 0 for v in parts.values()) and parts["build"] > 0
+    assert sum(parts.values()) <= engine.load_seconds + 0.01
