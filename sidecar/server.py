@@ -164,6 +164,8 @@ class EmbedderService(pb_grpc.EmbedderServicer):
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait for calls in flight to finish; False when `timeout` passed first."""
+        if self._idle.is_set():  # wait_for(..., 0) times out before the wait even looks
+            return True
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
             return True

@@ -80,3 +80,16 @@ def test_calls_past_the_grace_period_are_cancelled_and_stop_returns(registry):
     took, code = asyncio.run(main())
     assert took < 10
     assert code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+
+
+def test_wait_idle_with_no_grace_is_true_when_nothing_is_in_flight():
+    from sidecar.server import EmbedderService
+
+    async def main():
+        service = EmbedderService(gateway=None)
+        assert await service.wait_idle(0) is True  # was False: wait_for(..., 0) times out first
+        with service._tracked():
+            assert await service.wait_idle(0) is False
+        assert await service.wait_idle(0.01) is True
+
+    asyncio.run(main())
