@@ -170,7 +170,7 @@ def _split_quoted(table: str) -> tuple[str | None, str]:
         name, i = read
         parts.append(name)
         if i < len(table):
-            if table[i] != "." or len(parts) > 1:
+            if table[i] != "." or len(parts) > 1 or i + 1 == len(table):  # '"a".' names no table
                 raise VectorizerError(f"table name {table!r}: expected \"schema\".\"table\"")
             i += 1
     return (None, parts[0]) if len(parts) == 1 else (parts[0], parts[1])

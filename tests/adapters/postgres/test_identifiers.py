@@ -78,6 +78,7 @@ def test_quoted_table_names_read_as_sql(table, reading):
     ('"a"x', 'table name \'"a"x\': expected "schema"."table"'),
     ('"a"."b"."c"', 'table name \'"a"."b"."c"\': expected "schema"."table"'),
     ('"a".b', 'table name \'"a".b\': expected a double quote at 4'),
+    ('"a".', 'table name \'"a".\': expected "schema"."table"'),  # a schema with no table
 ])
 def test_bad_quoted_table_names_are_named_in_the_error(table, message):
     with pytest.raises(VectorizerError) as err:
