@@ -304,6 +304,9 @@ async def run_sidecar(args: argparse.Namespace,
 
     if args.pg_port is not None and not args.token:
         raise SystemExit("fern: --pg-port needs --token (it is the Postgres endpoint's password)")
+    for flag, port in (("--port", args.port), ("--pg-port", args.pg_port), ("--metrics-port", args.metrics_port)):
+        if port is not None and not 0 <= port <= 65535:
+            raise SystemExit(f"fern: {flag} {port}: a port is 0 to 65535")
     _check_free(args.host, args.port)
     if args.pg_port:
         _check_free(args.pg_host or args.host, args.pg_port)

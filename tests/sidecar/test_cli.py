@@ -184,3 +184,10 @@ def test_each_fern_process_turns_grpc_event_engine_off_before_grpc_loads(verb, e
                           env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [expected, "False"]
+
+
+@pytest.mark.parametrize("flag", ["--port", "--metrics-port"])
+def test_serve_refuses_a_port_out_of_range_before_loading_anything(fern_cmd, flag):
+    done = run(fern_cmd, "serve", flag, "70000")
+    assert done.returncode != 0
+    assert f"fern: {flag} 70000: a port is 0 to 65535" in done.stderr
