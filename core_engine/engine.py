@@ -164,7 +164,7 @@ class Engine:
             compile = self._cuda if env is None else env not in ("0", "false", "no", "")
         self.compiled = bool(compile)
         self.compile_seconds = 0.0
-        self.choose_seconds = 0.0
+        choose_seconds = 0.0
         self._forward_model = torch.compile(self.model, dynamic=True, backend=os.environ.get(
             "FERN_COMPILE_BACKEND", "inductor")) if self.compiled else self.model
         # Bucket padding exists for CUDA graphs; on the CPU it only costs time, but it can be
@@ -188,7 +188,7 @@ class Engine:
                     self._forward_model = self.model
             chosen = time.perf_counter()
             self.attention.choose(self)  # measured choice when attention="auto"; no-op when forced
-            self.choose_seconds = time.perf_counter() - chosen
+            choose_seconds = time.perf_counter() - chosen
         prewarmed = time.perf_counter()
         for length, count in prewarm:
             self.warmup(length, count)
@@ -196,7 +196,7 @@ class Engine:
         # Where start-up went: spec, device and weights (the first CUDA use initializes the
         # context), torch.compile's warm-up, the measured attention choice, pre-warmed graphs.
         self.startup_seconds = {"build": round(built - started, 3), "compile": round(self.compile_seconds, 3),
-                                "choose_attention": round(self.choose_seconds, 3),
+                                "choose_attention": round(choose_seconds, 3),
                                 "prewarm": round(time.perf_counter() - prewarmed, 3)}
         log.info("%s ready on %s in %.1f s (%s)", self.spec.name, self.device, self.load_seconds,
                  ", ".join(f"{k} {v:.1f} s" for k, v in self.startup_seconds.items()))

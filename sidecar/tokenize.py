@@ -365,9 +365,9 @@ class TextTokenizer:
     def _twin_ids(self, twin: _AsciiTwin, texts: list[str], special: bool, small: bool) -> list[list[int]]:
         # A query-sized request's from the chunk memo, in Python under the GIL (on the loop,
         # which holds it anyway); a bulk one's from Rust's threads, which run without it.
-        limit = twin._limit
-        if small and self._chunks is not None and (limit is None or limit >= self._chunks.specials):
-            return self._chunks.encode(texts, special, limit)
+        # __init__ refuses a limit with no room beside the special tokens, as the memo needs.
+        if small and self._chunks is not None:
+            return self._chunks.encode(texts, special, twin._limit)
         return twin.encode(texts, special)
 
     @classmethod
