@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.pg_common import (EngineRun, best_of_rounds, measure_stream, passages,
-                                  start_sidecar, start_worker, warm_sidecar, write_result)
+                                  running_worker, start_sidecar, warm_sidecar, write_result)
 
 WORDS = ("engine vector search query index token batch model latency throughput database "
          "river mountain garden kitchen market harbor forest desert island village bridge "
@@ -100,18 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         with EmbeddedPostgres() as pg:
             with psycopg.connect(pg.dsn, autocommit=True) as conn:
                 install(conn)
-            worker = start_worker(pg.dsn, target, args.batch_size)
-            try:
-                time.sleep(2.0)
+            with running_worker(pg.dsn, target, args.batch_size):
                 for n in range(args.rounds):
                     timing = engine.measure()
                     runs["engine"].append({k: timing[k] for k in ENGINE_FIELDS})
                     runs["sidecar_stream"].append(measure_stream(target, texts, args.batch_size,
                                                                  prompt="passage"))
                     runs["backfill"].append(measure_backfill(pg.dsn, target, texts, n))
-            finally:
-                worker.terminate()
-                worker.wait(30)
     finally:
         if side is not None:
             side.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -13,7 +14,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 if TYPE_CHECKING:
     from benchmarks.server import ServedSidecar
@@ -126,12 +127,20 @@ def start_sidecar(device: str) -> ServedSidecar:
                  name="pg")
 
 
-def start_worker(dsn: str, target: str, batch_size: int) -> subprocess.Popen:
-    """`fern pg worker` in its own process, as it runs in production."""
-    return subprocess.Popen([sys.executable, "-m", "sidecar.cli", "pg", "worker", "--dsn", dsn,
-                             "--target", target, "--batch-size", str(batch_size),
-                             "--progress", "off"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+@contextlib.contextmanager
+def running_worker(dsn: str, target: str, batch_size: int) -> Iterator[subprocess.Popen]:
+    """`fern pg worker` in its own process, as it runs in production, given 2 s to connect and
+    LISTEN before the body runs; terminated after it."""
+    worker = subprocess.Popen([sys.executable, "-m", "sidecar.cli", "pg", "worker", "--dsn", dsn,
+                               "--target", target, "--batch-size", str(batch_size),
+                               "--progress", "off"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(2.0)
+        yield worker
+    finally:
+        worker.terminate()
+        worker.wait(30)
 
 
 def write_result(name: str, argv: list[str] | None, result: dict[str, Any], out: Path) -> None:

@@ -18,7 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.pg_common import start_sidecar, start_worker, write_result
+from benchmarks.pg_common import running_worker, start_sidecar, write_result
 
 TEXTS = ["A customer asked how to reset the router after a firmware update.",
          "The museum opens a new wing for modern sculpture next spring.",
@@ -61,9 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             install(conn)
             conn.execute("CREATE TABLE notes (id int PRIMARY KEY, body text)")
             create_vectorizer(conn, "notes", ["body"], client=fern)
-            worker = start_worker(pg.dsn, target, batch_size=64)
-            try:
-                time.sleep(2.0)  # the worker is connected and LISTENing
+            with running_worker(pg.dsn, target, batch_size=64):
                 for i in range(-5, args.rows):  # 5 warm-up rows, not counted
                     conn.execute("INSERT INTO notes VALUES (%s, %s)",
                                  (i, f"{TEXTS[i % len(TEXTS)]} (note {i})"))
@@ -83,9 +81,6 @@ def main(argv: list[str] | None = None) -> int:
                     if i >= 0:
                         sidecar_ms.append((time.perf_counter() - started) * 1000)
                     time.sleep(args.pause_ms / 1000)
-            finally:
-                worker.terminate()
-                worker.wait(30)
     finally:
         if side is not None:
             side.stop()
