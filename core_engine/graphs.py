@@ -167,7 +167,8 @@ class GraphCache:
     forward, backend)`, which runs `forward()` eagerly, captures it, or replays its graph.
     `forward` must read its inputs from static device buffers that the caller fills before
     each step. The graphs never run concurrently (one stream), which is what makes sharing
-    their pool safe. `on_evict(key)` is called for every graph dropped by the LRU bound.
+    their pool safe. `on_evict(key)` is called for every graph dropped by the LRU bound, and
+    for a key whose capture failed (it runs eagerly from then on, so never holds a graph).
     On the CPU only the bookkeeping runs (the engine's CPU policy keeps no graphs).
     """
 
@@ -212,6 +213,11 @@ class GraphCache:
             # A model or backend that cannot be captured still serves, eagerly, for this key.
             log.warning("CUDA graph capture failed for %s (%s); running it eagerly from now on", key, exc)
             self.policy.capture_failed(key)
+            # The key will never hold a graph, so it will never be evicted either: what the
+            # attention backend made for its graph (a FlashInfer graph wrapper) is released now.
+            # This step still runs on the plan it was given; the key's later steps plan eagerly.
+            if self.on_evict is not None:
+                self.on_evict(key)
             return forward()
         self._entries[key] = _Entry(graph=graph, output=output, backend=backend)
         for old in self.policy.captured(key):

@@ -136,8 +136,14 @@ class FlashInferAttention:
         self._active = plan.on.wrapper
 
     def release(self, key: GraphKey) -> None:
-        """Drop the wrapper of an evicted graph."""
-        self._graph_wrappers.pop(key, None)
+        """Drop the graph wrapper of `key`: its graph was evicted, or its capture failed (eager from then on)."""
+        released = self._graph_wrappers.pop(key, None)
+        # Once the wrapper is freed, torch's pinned-memory cache may hand its host buffer to the
+        # next wrapper made. The plan's cudaMemcpyAsync from that buffer recorded no event with
+        # the cache (it is FlashInfer's, not a torch copy), so wait here for it to have run; after
+        # a failed capture it was queued just before, for the step now running that key eagerly.
+        if released is not None and released.copied is not None:
+            released.copied.synchronize()
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  meta: AttentionMetadata) -> torch.Tensor:

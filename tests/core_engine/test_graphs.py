@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import sys
+import types
 
-from core_engine.graphs import Action, BucketConfig, CapturePolicy, GraphKey, key_for
+import pytest
+import torch
+
+from core_engine.graphs import Action, BucketConfig, CapturePolicy, GraphCache, GraphKey, key_for
 
 
 def test_token_buckets_round_up_to_64_then_256() -> None:
@@ -100,6 +104,84 @@ def test_failed_capture_falls_back_to_eager_for_good() -> None:
     p.capture_failed(k)
     assert {p.decide(k) for _ in range(3)} == {Action.EAGER}
     assert p.counters.captures == 0 and p.counters.eager_runs == 5
+
+
+class _UncapturableGraph:
+    """Stands in for torch.cuda.CUDAGraph on the CPU; it is never replayed (its capture fails)."""
+
+    def replay(self) -> None:
+        raise AssertionError("a graph whose capture failed was replayed")
+
+
+class _FailingCapture:
+    """Stands in for torch.cuda.graph: the step runs under it, then ending the capture raises,
+    as it does for a kernel that cannot be captured."""
+
+    def __init__(self, graph: _UncapturableGraph, **_: object) -> None:
+        pass
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> None:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_failed_capture_releases_what_was_made_for_the_graph_then_runs_eagerly(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _UncapturableGraph)
+    monkeypatch.setattr(torch.cuda, "graph", _FailingCapture)
+    events: list[object] = []
+
+    def forward() -> torch.Tensor:
+        events.append("forward")
+        return torch.ones(2)
+
+    cache = GraphCache(CapturePolicy(max_graphs=4, eager_hits=1), torch.device("cpu"), on_evict=events.append)
+    k = GraphKey(64, 2, 64)
+    actions = []
+    for _ in range(4):
+        action = cache.decide(k)
+        actions.append(action)
+        assert torch.equal(cache.run(k, action, forward, backend="cpu"), torch.ones(2))
+    assert actions == [Action.EAGER, Action.CAPTURE, Action.EAGER, Action.EAGER]
+    # The capture attempt, the key's graph resources released once, then every step eagerly.
+    assert events == ["forward", "forward", k, "forward", "forward", "forward"]
+    assert len(cache) == 0 and cache.backend_of(k) is None
+    assert cache.policy.counters.as_dict() == dict(eager_runs=4, captures=0, replays=0, evictions=0,
+                                                   uncacheable=0)
+
+
+class _PlanOnlyWrapper:
+    """Stands in for FlashInfer's ragged prefill wrapper where only planning matters."""
+
+    def __init__(self, workspace: torch.Tensor, layout: str, *, backend: str, **graph_buffers: object) -> None:
+        pass
+
+    def plan(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+def test_flashinfer_release_keeps_eager_plans_and_waits_for_the_graph_wrappers_last_copy(monkeypatch) -> None:
+    from core_engine.attention.flashinfer import FlashInferAttention
+    from core_engine.attention.select import AttentionShape
+
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(
+        BatchPrefillWithRaggedKVCacheWrapper=_PlanOnlyWrapper))
+    attention = FlashInferAttention(torch.device("cpu"), AttentionShape(2, 2, 64), causal=False,
+                                    dtype=torch.float32, max_tokens=64)
+    k = GraphKey(64, 2, 64)
+    cu_seqlens = torch.tensor([0, 10, 64], dtype=torch.int32)
+    graph_plan = attention.plan(k, cu_seqlens, for_graph=True)
+    eager_plan = attention.plan(k, cu_seqlens, for_graph=False)
+    waited: list[GraphKey] = []
+    graph_plan.on.copied = types.SimpleNamespace(synchronize=lambda: waited.append(k))  # the CUDA event
+    attention.release(k)  # as after a failed capture: the key runs eagerly from now on
+    # The released wrapper's pinned buffer may be reused once it is freed: its last copy has run.
+    assert waited == [k]
+    assert not attention.holds(graph_plan) and attention.holds(eager_plan)
+    assert attention.plan(k, cu_seqlens, for_graph=False).on is eager_plan.on
+    attention.release(k)  # nothing left to release or wait for
+    assert waited == [k]
 
 
 def test_bad_policy_arguments_are_named() -> None:
