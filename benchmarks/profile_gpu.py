@@ -7,6 +7,11 @@
   each in TFLOP/s beside the 8192^3 bf16 peak measured in the same run. This is the
   roofline a packed step can reach: no model can beat the matmuls it is made of.
 - ``attention``: ``varlen_attn`` on full 512-token sequences for each model's head layout.
+- ``small``: batch-1 steps (one sequence of 16 / 128 tokens) with the engine's default
+  compile (dynamic shapes; cuBLAS picks each matmul's kernel) against a static-shape
+  ``max-autotune`` compile (inductor times Triton templates beside cuBLAS for each matmul
+  shape and keeps the fastest): replay latency, kernel profile, compile time, and the
+  cosine between the two engines' vectors.
 - ``models``: for each model, throughput against texts per step (pipelined replays, 512
   tokens a text), batch-1 replay latency, and a kernel profile of one eager (compiled) step
   at the latency and throughput shapes: CUDA time by kernel class (gemm, attention,
@@ -156,6 +161,47 @@ def _profile_eager(engine, seqs: list[list[int]]) -> dict[str, Any]:
     }
 
 
+def _profile_summary(profile: dict[str, Any], top: int = 6) -> dict[str, Any]:
+    return {k: v for k, v in profile.items() if k != "top"} | {"top": profile["top"][:top]}
+
+
+def part_small(models: list[str], models_dir: Path, token_counts: list[int], device: str = "cuda") -> dict[str, Any]:
+    """Batch-1 replay latency: default (dynamic) compile against a static max-autotune compile, per model."""
+    import torch._dynamo
+
+    from core_engine.engine import Engine
+
+    out: dict[str, Any] = {}
+    for name in models:
+        path = build_random_model(ARCHS[name], models_dir / name, seed=0, dtype=torch.bfloat16, device=device)
+        queries = {t: [list(range(1000, 1000 + t))] for t in token_counts}
+        rows: dict[str, Any] = {str(t): {} for t in token_counts}
+        vectors: dict[str, dict[int, torch.Tensor]] = {}
+        for mode in ("default", "max-autotune"):
+            torch._dynamo.reset()
+            engine = Engine(path, name=name, device=device, attention="varlen" if device == "cuda" else "auto",
+                            compile=mode == "default")
+            if mode != "default":
+                engine._forward_model = torch.compile(engine.model, dynamic=False, mode="max-autotune-no-cudagraphs")
+                engine.compiled = True
+            vectors[mode] = {}
+            for t, q in queries.items():
+                started = time.perf_counter()
+                vectors[mode][t] = torch.from_numpy(engine.embed(q))  # eager step: compiles this shape
+                first = time.perf_counter() - started
+                rows[str(t)][mode] = {"first_step_s": round(first, 2), "replay_ms": _replay_ms(engine, q, reps=200),
+                                      "profile": _profile_summary(_profile_eager(engine, q)) if device == "cuda" else None}
+            del engine
+            torch.cuda.empty_cache()
+        for t in token_counts:
+            rows[str(t)]["cosine"] = float(F.cosine_similarity(vectors["default"][t], vectors["max-autotune"][t], dim=1).min())
+        out[name] = rows
+        print(json.dumps({name: {t: {m: (r if not isinstance(r, dict) else {k: v for k, v in r.items() if k != "profile"})
+                                    for m, r in row.items()} for t, row in rows.items()}}, indent=1), flush=True)
+    torch._dynamo.reset()
+    return out
+
+
 def _replay_ms(engine, seqs: list[list[int]], reps: int = 50) -> float:
     """Wall time of prepare + step + result once the shape's graph is captured (median)."""
     batch = engine.prepare(seqs)
@@ -248,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", nargs="+", default=["bge-m3", "pplx-0.6b"])
     p.add_argument("--per-step", type=int, nargs="+", default=[16, 32, 64, 128])
     p.add_argument("--tag", default="h200")
-    p.add_argument("--skip", nargs="*", default=[], choices=["gemm", "attention_32x512", "models"])
+    p.add_argument("--small-tokens", type=int, nargs="+", default=[16, 128])
+    p.add_argument("--skip", nargs="*", default=[], choices=["gemm", "attention_32x512", "small", "models"])
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("profile_gpu needs a CUDA GPU", file=sys.stderr)
@@ -266,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     archs = list(dict.fromkeys(m.partition("+")[0] for m in args.models))
     parts = {"gemm": lambda: part_gemm(archs, [128, 8192, 16384, 32768]),
              "attention_32x512": lambda: part_attention(archs, 32, 512),
+             "small": lambda: part_small(archs, Path(args.models_dir), args.small_tokens),
              "models": lambda: part_models(args.models, Path(args.models_dir), args.per_step, peak)}
     for part, run in parts.items():
         if part in args.skip:
@@ -275,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - keep the other parts' figures
             traceback.print_exc()
             result[part] = {"error": f"{type(exc).__name__}: {exc}"}
-        if part != "models":
+        if part not in ("small", "models"):
             print(json.dumps({part: result[part]}, indent=1), flush=True)
     out = Path(args.out) / f"profile-{args.tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
