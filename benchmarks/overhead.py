@@ -249,6 +249,10 @@ async def serve(args: argparse.Namespace) -> None:
         for served in registry:
             for engine in served.engines:
                 _stand_in_forward(engine, args.engine_us / 1e6)
+            # The stand-in's step() returns before its result is ready, as a GPU step does:
+            # the scheduler treats it as the asynchronous engine it stands in for.
+            for worker in served.scheduler._workers:
+                worker.device = "cuda:stand-in"
     sidecar = Sidecar(registry, host="127.0.0.1", port=args.port, token=args.token)
     trace = Trace()
     if not args.no_trace:
@@ -287,9 +291,10 @@ def _start_server(args: argparse.Namespace, trace_path: Path, log_path: Path, *,
         command += ["--engine-us", str(args.engine_us)]
     if args.loop != "asyncio":
         command += ["--loop", args.loop]
-    # The gRPC setting `fern serve` applies to its own process (an explicit one wins there too).
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(args.threads))
-    env.setdefault("GRPC_EXPERIMENTS", SERVER_GRPC_EXPERIMENTS)
+    # Both servers run with the gRPC setting `fern serve` applies to itself (or --server-grpc);
+    # this process's own GRPC_EXPERIMENTS (gRPC's defaults when unset) is the client's.
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(args.threads),
+               GRPC_EXPERIMENTS=args.server_grpc)
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     target = f"127.0.0.1:{port}"
@@ -450,7 +455,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "model": engine.spec.name,
         "engine_stand_in_us": args.engine_us or None,
         "server_event_loop": args.loop,
-        "server_grpc_experiments": os.environ.get("GRPC_EXPERIMENTS", SERVER_GRPC_EXPERIMENTS),
+        "server_grpc_experiments": args.server_grpc,
+        "client_grpc_experiments": os.environ.get("GRPC_EXPERIMENTS", ""),
         "iters": args.iters,
         "checkpoint_ns": _wrapper_cost_ns(),
         "lengths": results,
@@ -509,6 +515,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="JSON path (default: benchmarks/results/overhead-<device type>.json)")
     p.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
                    help="event loop of the sidecar and bare servers (uvloop: if installed)")
+    p.add_argument("--server-grpc", default=SERVER_GRPC_EXPERIMENTS,
+                   help="GRPC_EXPERIMENTS of both servers (default: fern serve's own setting); the "
+                        "client takes this process's GRPC_EXPERIMENTS")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--trace", default=None, help=argparse.SUPPRESS)
