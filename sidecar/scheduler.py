@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, Protocol, Sequence
 
@@ -101,6 +102,10 @@ class SchedulerConfig:
     max_step_sequences: int = 1024  # sequence slots in one step
     max_queued_tokens_online: int = 65_536  # ONLINE backlog before QueueFull
     max_queued_tokens_batch: int = 262_144  # BATCH backlog before QueueFull / stream waits
+    # An ONLINE request that finds an asynchronous (CUDA) engine idle is prepared and launched
+    # on the event loop as it is admitted, instead of waking the engine's thread to do it: the
+    # thread's wake-up then overlaps the GPU step instead of delaying it. Env FERN_LAUNCH_ON_ARRIVAL=0 turns it off.
+    launch_on_arrival: bool = field(default_factory=lambda: os.environ.get("FERN_LAUNCH_ON_ARRIVAL", "1") != "0")
 
     def __post_init__(self) -> None:
         for name in (
@@ -206,10 +211,18 @@ class _Worker:
         self.device = str(getattr(engine, "device", "cpu"))
         self.load = 0
         self.holding = False  # a composed step not yet launched: takes no more work
+        self.waiting = False  # idle: nothing in flight, waiting for work
+        self.claimed = False  # the event loop is launching a step on this engine (launch on arrival)
+        self.adopted: tuple[_Step, Any] | None = None  # that step and its handle, for this thread to collect
         self.steps = 0
         self.tokens = 0
         self.sequences = 0
         self.thread: threading.Thread | None = None
+
+    @property
+    def launches_async(self) -> bool:
+        """step() returns before the work is done (CUDA): results come later, from result()."""
+        return self.device.startswith("cuda")
 
 
 @dataclass
@@ -299,8 +312,13 @@ class Scheduler:
             with self._cond:
                 lane_has_waiters = bool(self._waiters) and any(w.lane == lane for w in self._waiters)
                 admitted = queue.fits(tokens) and not (wait and lane_has_waiters)
+                claim = None
                 if admitted:
                     self._admit_locked(request)
+                    if lane is Lane.ONLINE and self.config.launch_on_arrival:
+                        claim = self._claim_locked()
+            if claim is not None:
+                self._launch_on_loop(*claim)
             if not admitted:
                 if not wait:
                     self._counters[lane].rejected += 1
@@ -450,6 +468,38 @@ class Scheduler:
         self._cond.notify()
         self._loads.notify_all()
 
+    def _claim_locked(self) -> tuple[_Worker, _Step] | None:
+        """An idle asynchronous engine and an online step composed for it, or None (lock held).
+
+        The step takes online work only, within the online step budget: the loop prepares it,
+        and a batch step's host work does not belong on the loop.
+        """
+        worker = next((w for w in self._workers if w.waiting and w.launches_async
+                       and not w.claimed and w.adopted is None), None)
+        if worker is None:
+            return None
+        cfg = self.config
+        took = self._lanes[Lane.ONLINE].take(
+            cfg.online_step_tokens, cfg.max_step_sequences, time.monotonic(), oversize_ok=True
+        )
+        self._post(self._expire_locked(took.expired), room_freed=True)
+        if not took.chunks:
+            return None
+        worker.claimed = True
+        return worker, self._new_step_locked(worker, took.chunks, took.tokens)
+
+    def _launch_on_loop(self, worker: _Worker, step: _Step) -> None:
+        """Prepare and launch a claimed step here, then hand its handle to the engine's thread."""
+        prepared = self._call(worker, step, worker.engine.prepare, step.sequences)
+        handle = _FAILED if prepared is _FAILED else self._call(worker, step, worker.engine.step, prepared)
+        if handle is not _FAILED:
+            self._launched(worker, step)
+        with self._cond:
+            worker.claimed = False
+            if handle is not _FAILED:
+                worker.adopted = (step, handle)
+            self._cond.notify_all()
+
     def _expire(self, request: Request) -> None:
         self._drop(request, _deadline_passed(request))
 
@@ -545,6 +595,12 @@ class Scheduler:
         in_flight: deque[tuple[_Step, Any]] = deque()
         while True:
             nxt = self._next_step(worker, in_flight=in_flight[-1][1] if in_flight else None)
+            if worker.adopted is not None:  # launched by the loop while this thread was idle
+                with self._cond:
+                    in_flight.append(worker.adopted)
+                    worker.adopted = None
+                if nxt is None:  # build what queued meanwhile while that step runs
+                    nxt = self._next_step(worker, in_flight=in_flight[-1][1])
             if nxt is None and not in_flight:
                 return
             prepared: Any = _FAILED
@@ -598,6 +654,11 @@ class Scheduler:
         """
         with self._cond:
             while True:
+                if worker.claimed:  # the loop is launching a step here: wait for its handle
+                    self._cond.wait()
+                    continue
+                if worker.adopted is not None:
+                    return None  # _work collects it
                 idle = in_flight is None
                 if self._has_work_locked():
                     if idle or self._least_loaded_locked(worker):
@@ -613,7 +674,11 @@ class Scheduler:
                 elif not idle or self._stopping:
                     return None
                 else:
-                    self._cond.wait()
+                    worker.waiting = True
+                    try:
+                        self._cond.wait()
+                    finally:
+                        worker.waiting = False
 
     def _has_work_locked(self) -> bool:
         return any(q.has_work() for q in self._lanes.values())

@@ -63,6 +63,19 @@ class GatedEngine:
         self._launch_gate: threading.Event | None = None
         self._lock = threading.Lock()
         self._released = threading.Condition(self._lock)
+        self.threads: list[tuple[str, str]] = []  # (call, thread name) of each prepare/step
+        self._in_call = 0
+        self.overlapped = False  # two threads were inside prepare/step at once
+
+    def _enter(self, call: str) -> None:
+        with self._lock:
+            self.threads.append((call, threading.current_thread().name))
+            self._in_call += 1
+            self.overlapped |= self._in_call > 1
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._in_call -= 1
 
     def release(self, steps: int = 1) -> None:
         with self._released:
@@ -86,22 +99,31 @@ class GatedEngine:
             self.permits -= 1
 
     def prepare(self, sequences: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
-        batch = [tuple(s) for s in sequences]
-        with self._lock:
-            self.prepared.append(batch)
-        if self.fail_prepare:
-            raise RuntimeError("engine stand-in: prepare failed")
-        return batch
+        self._enter("prepare")
+        try:
+            batch = [tuple(s) for s in sequences]
+            with self._lock:
+                self.prepared.append(batch)
+            time.sleep(0.0002)  # long enough for another thread to collide, were it allowed in
+            if self.fail_prepare:
+                raise RuntimeError("engine stand-in: prepare failed")
+            return batch
+        finally:
+            self._leave()
 
     def step(self, prepared: list[tuple[int, ...]]) -> Handle:
-        with self._lock:
-            self.stepped.append(prepared)
-        gate, self._launch_gate = self._launch_gate, None
-        if gate is not None:
-            self.launching.set()
-            if not gate.wait(timeout=10):
-                raise TimeoutError("the test never let this step launch")
-        return Handle(self, expected(prepared))
+        self._enter("step")
+        try:
+            with self._lock:
+                self.stepped.append(prepared)
+            gate, self._launch_gate = self._launch_gate, None
+            if gate is not None:
+                self.launching.set()
+                if not gate.wait(timeout=10):
+                    raise TimeoutError("the test never let this step launch")
+            return Handle(self, expected(prepared))
+        finally:
+            self._leave()
 
     def stepped_ids(self) -> set[tuple[int, ...]]:
         with self._lock:
@@ -610,3 +632,104 @@ def test_random_load_with_cancels_and_deadlines_leaves_nothing_behind():
         assert outcomes["done"] > 200 and outcomes["cancelled"] + outcomes["expired"] > 20, outcomes
 
     run(main(), timeout=60)
+
+
+# ----------------------------------------------------------------------------- launch on arrival
+
+def _threads_of(engine: GatedEngine, call: str) -> list[str]:
+    return [name for c, name in engine.threads if c == call]
+
+
+@pytest.mark.parametrize("device, on, launched_by", [
+    ("cuda:fake", True, "MainThread"),          # idle async engine: the event loop launches
+    ("cuda:fake", False, "fern-engine-0"),      # switched off: the engine's thread does
+    ("cpu:fake", True, "fern-engine-0"),        # a synchronous engine never runs on the loop
+])
+def test_an_online_request_on_an_idle_engine_is_launched_where_expected(device, on, launched_by):
+    async def main():
+        engine = GatedEngine(gated=False, name=device)
+        sched = Scheduler([engine], SchedulerConfig(**{**config().__dict__, "launch_on_arrival": on}))
+        await sched.start()
+        query = texts(ONLINE_MARK, 0, 2)
+        np.testing.assert_array_equal(await sched.embed(query, Lane.ONLINE), expected(query))
+        assert _threads_of(engine, "prepare") == [launched_by]
+        assert _threads_of(engine, "step") == [launched_by]
+        batch = texts(BATCH_MARK, 0, 2)
+        np.testing.assert_array_equal(await sched.embed(batch, Lane.BATCH), expected(batch))
+        assert _threads_of(engine, "prepare")[-1] == "fern-engine-0"  # BATCH work: never on the loop
+        stats = sched.stats()
+        assert (stats.steps, stats.online.completed, stats.batch.completed) == (2, 1, 1)
+        assert stats.engines[0].inflight_tokens == 0
+        await sched.drain()
+
+    run(main())
+
+
+def test_a_step_launched_on_arrival_is_collected_while_the_next_one_is_built():
+    async def main():
+        engine = GatedEngine(name="cuda:fake")
+        sched = Scheduler([engine], config(online_step_tokens=16, max_step_tokens=64))
+        await sched.start()
+        # 32 tokens against an online step budget of 16: the loop launches the first half, and
+        # the engine's thread builds the second while the first runs.
+        query = texts(ONLINE_MARK, 0, 4)
+        task = asyncio.create_task(sched.embed(query, Lane.ONLINE))
+        await until(lambda: len(engine.prepared) == 2)
+        assert len(engine.stepped) == 1
+        assert _threads_of(engine, "prepare") == ["MainThread", "fern-engine-0"]
+        # Arriving while both are taken: built after the first step is collected, in one step.
+        later = [asyncio.create_task(sched.embed(texts(ONLINE_MARK, 10 + i, 1), Lane.ONLINE))
+                 for i in range(2)]
+        await asyncio.sleep(0.01)
+        engine.release(10**6)
+        results = await asyncio.gather(task, *later)
+        np.testing.assert_array_equal(results[0], expected(query))
+        for i, rows in enumerate(results[1:]):
+            np.testing.assert_array_equal(rows, expected(texts(ONLINE_MARK, 10 + i, 1)))
+        assert [len(step) for step in engine.stepped] == [2, 2, 2]
+        assert _threads_of(engine, "step") == ["MainThread", "fern-engine-0", "fern-engine-0"]
+        await sched.drain()
+
+    run(main())
+
+
+def test_a_failed_launch_on_arrival_fails_only_its_request_and_serving_goes_on():
+    async def main():
+        engine = GatedEngine(gated=False, name="cuda:fake", fail_prepare=True)
+        sched = Scheduler([engine], config())
+        await sched.start()
+        with pytest.raises(RuntimeError, match="prepare failed"):
+            await sched.embed(texts(ONLINE_MARK, 0, 1), Lane.ONLINE)
+        assert _threads_of(engine, "prepare") == ["MainThread"]
+        engine.fail_prepare = False
+        for n in range(3):  # the engine is claimable again, and its thread serves batch work
+            query = texts(ONLINE_MARK, 10 + n, 1)
+            np.testing.assert_array_equal(await sched.embed(query, Lane.ONLINE), expected(query))
+            batch = texts(BATCH_MARK, 10 + n, 2)
+            np.testing.assert_array_equal(await sched.embed(batch, Lane.BATCH), expected(batch))
+        assert sched.stats().engines[0].inflight_tokens == 0
+        await sched.drain()
+
+    run(main())
+
+
+@pytest.mark.parametrize("engines", [1, 2])
+def test_launch_on_arrival_under_concurrent_load_never_shares_an_engine(engines):
+    async def main():
+        fleet = [GatedEngine(gated=False, name=f"cuda:{i}") for i in range(engines)]
+        sched = Scheduler(fleet, config(max_step_tokens=64, online_step_tokens=32))
+        await sched.start()
+        requests = []
+        for i in range(300):
+            lane = Lane.ONLINE if i % 3 else Lane.BATCH
+            requests.append((lane, texts(ONLINE_MARK if lane is Lane.ONLINE else BATCH_MARK, 1000 * i, 1 + i % 4)))
+        results = await asyncio.gather(*(sched.embed(seqs, lane) for lane, seqs in requests))
+        for (_, seqs), rows in zip(requests, results):
+            np.testing.assert_array_equal(rows, expected(seqs))
+        stepped = [s for engine in fleet for step in engine.stepped for s in step]
+        assert sorted(stepped) == sorted(tuple(s) for _, seqs in requests for s in seqs)  # each once
+        assert not any(engine.overlapped for engine in fleet)
+        assert any(name == "MainThread" for engine in fleet for _, name in engine.threads)
+        await sched.drain()
+
+    run(main())
