@@ -269,6 +269,8 @@ def part_latency(ctx: Context) -> dict[str, Any]:
                                        "engine_with_tokenize": _percentiles(text_ms)}
         fern_tok.close()
         entry: dict[str, Any] = {"engine": per_length, "engine_info": _engine_info(engine)}
+        entry["sentence_transformers"] = _latency_st(ctx, engine.spec, tok, plan.latency_lengths,
+                                                     plan.latency_iters)
         del engine
         torch.cuda.empty_cache() if ctx.device.startswith("cuda") else None
         why_not = _sidecar_reason(ctx)
@@ -279,6 +281,35 @@ def part_latency(ctx: Context) -> dict[str, Any]:
         if name in PUBLISHED:
             entry["published"] = PUBLISHED[name]
         out[name] = entry
+    return out
+
+
+def _latency_st(ctx: Context, spec, tok: Tokenizer, lengths: list[int], iters: int) -> dict[str, Any]:
+    """The baseline beside the engine rows: sentence-transformers `encode([text])` (fp16 on CUDA,
+    tokenizing included) on the same weights and texts, one text per call."""
+    try:
+        from sentence_transformers import SentenceTransformer
+
+        st = SentenceTransformer(str(spec.path), device=ctx.device)
+    except Exception as exc:  # noqa: BLE001 - not installed, or an architecture it cannot load
+        return {"skipped": f"{type(exc).__name__}: {exc}"}
+    st.max_seq_length = spec.max_tokens
+    if ctx.device.startswith("cuda"):
+        st.half()
+    out: dict[str, Any] = {"dtype": "float16" if ctx.device.startswith("cuda") else "float32"}
+    for length in lengths:
+        if length > spec.max_tokens:
+            continue
+        texts = make_texts(tok, [length] * 8, seed=length)  # the engine rows' texts
+        for text in texts[:3]:
+            st.encode([text])
+        times = []
+        for i in range(iters):
+            start = time.perf_counter()
+            st.encode([texts[i % len(texts)]])
+            times.append((time.perf_counter() - start) * 1e3)
+        out[str(length)] = _percentiles(times)
+    del st
     return out
 
 
@@ -779,12 +810,17 @@ def summary(results: dict[str, Any]) -> str:
     for name, e in (parts.get("latency") or {}).items():
         if not isinstance(e, dict) or "engine" not in e:
             continue
-        eng = e["engine"].get("128") or next(iter(e["engine"].values()), None)
         rows = e.get("e2e", {}).get("by_client_setting", {}).get("128", {})
         e2e = " | ".join(f"e2e gRPC ({setting} client) p50 {r['p50_ms']:.3f} ms p99 {r['p99_ms']:.3f} ms"
                          for setting, r in rows.items()) or f"e2e {e.get('e2e', {}).get('skipped', 'n/a')}"
+        length = "128" if "128" in e["engine"] else next(iter(e["engine"]), None)
+        eng = e["engine"].get(length) if length else None
+        if eng is None:
+            continue
+        st = (e.get("sentence_transformers") or {}).get(length)
+        st_text = f" | sentence-transformers p50 {st['p50_ms']:.3f} ms" if st else ""
         lines.append(f"latency {name}: engine p50 {eng['engine']['p50_ms']:.3f} ms p99 {eng['engine']['p99_ms']:.3f} ms"
-                     f" (with Fern's tokenizer {eng['engine_with_tokenize']['p50_ms']:.3f} ms) | {e2e}")
+                     f" (with Fern's tokenizer {eng['engine_with_tokenize']['p50_ms']:.3f} ms){st_text} | {e2e}")
     tp = parts.get("throughput") or {}
     for name, e in tp.items():
         if not isinstance(e, dict) or "engine" not in e:
