@@ -69,7 +69,7 @@ class PlanningBackend(AttentionBackend, Protocol):
     ``holds(plan)`` says whether running ``plan`` now would still compute that batch (nothing
     re-planned its state since, and it is still the state a step of its key and mode uses),
     and ``use(plan)`` makes it the one the next call runs. ``release(key)`` drops what was
-    kept for a graph key whose graph was evicted.
+    kept for a graph key whose graph was evicted, or whose capture failed.
     """
 
     def plan(self, key: GraphKey, cu_seqlens_cpu: torch.Tensor, for_graph: bool) -> Any: ...

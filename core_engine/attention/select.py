@@ -138,7 +138,7 @@ class AttentionSelector:
             self._active.use(plan.state)
 
     def release(self, key: GraphKey) -> None:
-        """A graph of `key` was evicted: backends drop what they kept for it."""
+        """A graph of `key` was evicted or failed to capture: backends drop what they kept for it."""
         for backend in self.candidates.values():
             release = getattr(backend, "release", None)
             if release is not None:
