@@ -289,6 +289,11 @@ class Engine:
             batch.plan = self.attention.plan(batch.key, batch.cu_seqlens_cpu, for_graph, backend)
         return batch.plan
 
+    def replays(self, batch: PreparedBatch) -> bool:
+        """Whether `step(batch)` would replay a captured graph now: a launch of tens of microseconds,
+        where an eager step or a capture costs milliseconds of host work. Nothing is counted."""
+        return self._action(batch, counted=False) is Action.REPLAY
+
     @torch.inference_mode()
     def step(self, batch: PreparedBatch) -> EmbeddingHandle:
         """Run one prepared batch; on CUDA this returns before the GPU has finished."""

@@ -9,6 +9,10 @@ most the step in flight. With nothing queued, the worker blocks in N's `result()
 CUDA an event wait that releases the GIL): it sees N finish at once instead of polling,
 and work that arrives meanwhile is built as soon as N is collected. Results reach the
 asyncio loop with `call_soon_threadsafe`; the loop never waits on an engine.
+An ONLINE request that finds an asynchronous (CUDA) engine idle is prepared on the event loop
+as it is admitted and, when its step would replay a captured graph, launched there too; the
+engine's thread then only collects it, so its wake-up overlaps the GPU step instead of
+delaying it (eager steps and captures, milliseconds of host work, stay on the thread).
 Queues are bounded in tokens (QueueFull, or waiting for room on the stream path), and
 cancelled or expired work is dropped before it is sent to an engine. With several
 engines, an idle one takes new work before a busy one builds ahead (least-loaded first).
@@ -213,7 +217,8 @@ class _Worker:
         self.holding = False  # a composed step not yet launched: takes no more work
         self.waiting = False  # idle: nothing in flight, waiting for work
         self.claimed = False  # the event loop is launching a step on this engine (launch on arrival)
-        self.adopted: tuple[_Step, Any] | None = None  # that step and its handle, for this thread to collect
+        # That step, prepared, and its handle (None: this thread launches it), for this thread to collect.
+        self.adopted: tuple[_Step, Any, Any] | None = None
         self.steps = 0
         self.tokens = 0
         self.sequences = 0
@@ -489,15 +494,22 @@ class Scheduler:
         return worker, self._new_step_locked(worker, took.chunks, took.tokens)
 
     def _launch_on_loop(self, worker: _Worker, step: _Step) -> None:
-        """Prepare and launch a claimed step here, then hand its handle to the engine's thread."""
-        prepared = self._call(worker, step, worker.engine.prepare, step.sequences)
-        handle = _FAILED if prepared is _FAILED else self._call(worker, step, worker.engine.step, prepared)
-        if handle is not _FAILED:
-            self._launched(worker, step)
+        """Prepare a claimed step here and launch it if that is cheap, then hand it to the engine's thread.
+
+        A step that would not replay a captured graph (an eager step or a capture: milliseconds
+        of host work for a new shape) is launched by the engine's thread, off the loop.
+        """
+        engine = worker.engine
+        prepared = self._call(worker, step, engine.prepare, step.sequences)
+        handle = None
+        if prepared is not _FAILED and getattr(engine, "replays", lambda _: True)(prepared):
+            handle = self._call(worker, step, engine.step, prepared)
+            if handle is not _FAILED:
+                self._launched(worker, step)
         with self._cond:
             worker.claimed = False
-            if handle is not _FAILED:
-                worker.adopted = (step, handle)
+            if prepared is not _FAILED and handle is not _FAILED:
+                worker.adopted = (step, prepared, handle)
             self._cond.notify_all()
 
     def _expire(self, request: Request) -> None:
@@ -595,11 +607,15 @@ class Scheduler:
         in_flight: deque[tuple[_Step, Any]] = deque()
         while True:
             nxt = self._next_step(worker, in_flight=in_flight[-1][1] if in_flight else None)
-            if worker.adopted is not None:  # launched by the loop while this thread was idle
+            if worker.adopted is not None:  # composed (and mostly launched) by the loop meanwhile
                 with self._cond:
-                    in_flight.append(worker.adopted)
+                    step, prepared, handle = worker.adopted
                     worker.adopted = None
-                if nxt is None:  # build what queued meanwhile while that step runs
+                if handle is None:
+                    self._launch(worker, step, prepared, in_flight)
+                else:
+                    in_flight.append((step, handle))
+                if nxt is None and in_flight:  # build what queued meanwhile while that step runs
                     nxt = self._next_step(worker, in_flight=in_flight[-1][1])
             if nxt is None and not in_flight:
                 return

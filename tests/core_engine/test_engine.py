@@ -427,3 +427,19 @@ def test_startup_is_broken_down_and_adds_up(engine):
     assert set(parts) == {"build", "compile", "choose_attention", "prewarm"}
     assert all(v >= 0 for v in parts.values()) and parts["build"] > 0
     assert sum(parts.values()) <= engine.load_seconds + 0.01
+
+
+def test_replays_tells_a_graph_replay_from_an_eager_step_or_a_capture_and_counts_nothing(engine, monkeypatch):
+    # The scheduler launches a query's step from the event loop only when it is a replay.
+    assert not engine.replays(engine.prepare(A[0]))  # the CPU engine keeps no graphs
+    planning, _ = _planning_engine(monkeypatch, max_graphs=4)
+    expected_actions = [Action.EAGER, Action.CAPTURE, Action.REPLAY]
+    for seqs, action in zip(A, expected_actions):
+        batch = planning.prepare(seqs)
+        counters = planning.counters.as_dict()
+        assert planning.replays(batch) is (action is Action.REPLAY)
+        assert planning.counters.as_dict() == counters
+        planning.step(batch).result()
+        assert planning.graphs.actions[-1] is action
+    assert planning.replays(planning.prepare(A[3]))
+    assert not planning.replays(planning.prepare(B[0]))  # another key: not captured

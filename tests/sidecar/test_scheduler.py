@@ -56,6 +56,7 @@ class GatedEngine:
         self.prepared: list[list[tuple[int, ...]]] = []
         self.stepped: list[list[tuple[int, ...]]] = []
         self.fail_prepare = fail_prepare
+        self.cheap_launches: int | None = None  # set: replays() answers True this many times, then False
         self.permits = 10**9 if not gated else 0  # steps allowed to finish
         self.done_calls = 0  # how often the scheduler asked a handle whether its step was done
         self.waiting = 0  # threads inside result(), waiting for a step to be released
@@ -110,6 +111,13 @@ class GatedEngine:
             return batch
         finally:
             self._leave()
+
+    def replays(self, prepared: list[tuple[int, ...]]) -> bool:
+        """Whether step() would be a cheap launch (the engine's graph replay); the loop only launches those."""
+        if self.cheap_launches is None:
+            return True
+        self.cheap_launches -= 1
+        return self.cheap_launches >= 0
 
     def step(self, prepared: list[tuple[int, ...]]) -> Handle:
         self._enter("step")
@@ -730,6 +738,27 @@ def test_launch_on_arrival_under_concurrent_load_never_shares_an_engine(engines)
         assert sorted(stepped) == sorted(tuple(s) for _, seqs in requests for s in seqs)  # each once
         assert not any(engine.overlapped for engine in fleet)
         assert any(name == "MainThread" for engine in fleet for _, name in engine.threads)
+        await sched.drain()
+
+    run(main())
+
+
+def test_a_step_that_would_not_replay_a_graph_is_launched_by_the_engine_thread():
+    async def main():
+        engine = GatedEngine(gated=False, name="cuda:fake")
+        engine.cheap_launches = 0  # every step is an eager step or a capture, until told otherwise
+        sched = Scheduler([engine], config())
+        await sched.start()
+        for n in range(2):
+            query = texts(ONLINE_MARK, n, 1)
+            np.testing.assert_array_equal(await sched.embed(query, Lane.ONLINE), expected(query))
+        assert _threads_of(engine, "prepare") == ["MainThread"] * 2
+        assert _threads_of(engine, "step") == ["fern-engine-0"] * 2
+        engine.cheap_launches = 1  # a replay now
+        query = texts(ONLINE_MARK, 5, 1)
+        np.testing.assert_array_equal(await sched.embed(query, Lane.ONLINE), expected(query))
+        assert _threads_of(engine, "step")[-1] == "MainThread"
+        assert sched.stats().steps == 3 and sched.stats().engines[0].inflight_tokens == 0
         await sched.drain()
 
     run(main())
