@@ -42,6 +42,11 @@ _POLL_S = 0.0002
 
 _FAILED = object()  # what an engine call returns here when it raised (its step was failed)
 
+
+def _replays(prepared: Any) -> bool:
+    """For engines without `replays()` (test stand-ins): every launch counts as cheap."""
+    return True
+
 __all__ = [
     "Draining",
     "DeadlineExceeded",
@@ -500,17 +505,25 @@ class Scheduler:
         of host work for a new shape) is launched by the engine's thread, off the loop.
         """
         engine = worker.engine
-        prepared = self._call(worker, step, engine.prepare, step.sequences)
-        handle = None
-        if prepared is not _FAILED and getattr(engine, "replays", lambda _: True)(prepared):
-            handle = self._call(worker, step, engine.step, prepared)
-            if handle is not _FAILED:
+        adopted = None
+        try:
+            prepared = self._call(worker, step, engine.prepare, step.sequences)
+            if prepared is _FAILED:
+                return
+            cheap = self._call(worker, step, getattr(engine, "replays", _replays), prepared)
+            if cheap is _FAILED:
+                return
+            handle = self._call(worker, step, engine.step, prepared) if cheap else None
+            if handle is _FAILED:
+                return
+            if handle is not None:
                 self._launched(worker, step)
-        with self._cond:
-            worker.claimed = False
-            if prepared is not _FAILED and handle is not _FAILED:
-                worker.adopted = (step, prepared, handle)
-            self._cond.notify_all()
+            adopted = (step, prepared, handle)
+        finally:  # whatever happened, the engine's thread stops waiting for this claim
+            with self._cond:
+                worker.claimed = False
+                worker.adopted = adopted
+                self._cond.notify_all()
 
     def _expire(self, request: Request) -> None:
         self._drop(request, _deadline_passed(request))

@@ -57,6 +57,7 @@ class GatedEngine:
         self.stepped: list[list[tuple[int, ...]]] = []
         self.fail_prepare = fail_prepare
         self.cheap_launches: int | None = None  # set: replays() answers True this many times, then False
+        self.fail_replays = False
         self.permits = 10**9 if not gated else 0  # steps allowed to finish
         self.done_calls = 0  # how often the scheduler asked a handle whether its step was done
         self.waiting = 0  # threads inside result(), waiting for a step to be released
@@ -114,6 +115,8 @@ class GatedEngine:
 
     def replays(self, prepared: list[tuple[int, ...]]) -> bool:
         """Whether step() would be a cheap launch (the engine's graph replay); the loop only launches those."""
+        if self.fail_replays:
+            raise RuntimeError("engine stand-in: replays failed")
         if self.cheap_launches is None:
             return True
         self.cheap_launches -= 1
@@ -759,6 +762,25 @@ def test_a_step_that_would_not_replay_a_graph_is_launched_by_the_engine_thread()
         np.testing.assert_array_equal(await sched.embed(query, Lane.ONLINE), expected(query))
         assert _threads_of(engine, "step")[-1] == "MainThread"
         assert sched.stats().steps == 3 and sched.stats().engines[0].inflight_tokens == 0
+        await sched.drain()
+
+    run(main())
+
+
+def test_an_engine_error_while_deciding_where_to_launch_fails_that_step_and_frees_the_engine():
+    async def main():
+        engine = GatedEngine(gated=False, name="cuda:fake")
+        engine.fail_replays = True
+        sched = Scheduler([engine], config())
+        await sched.start()
+        with pytest.raises(RuntimeError, match="replays failed"):
+            await sched.embed(texts(ONLINE_MARK, 0, 1), Lane.ONLINE)
+        engine.fail_replays = False
+        query = texts(ONLINE_MARK, 1, 1)
+        np.testing.assert_array_equal(await asyncio.wait_for(sched.embed(query, Lane.ONLINE), 5), expected(query))
+        batch = texts(BATCH_MARK, 1, 2)
+        np.testing.assert_array_equal(await asyncio.wait_for(sched.embed(batch, Lane.BATCH), 5), expected(batch))
+        assert sched.stats().engines[0].inflight_tokens == 0
         await sched.drain()
 
     run(main())
