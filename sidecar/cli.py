@@ -250,15 +250,24 @@ def _scheduler_config(args: argparse.Namespace) -> Callable[[str], SchedulerConf
     return lambda device_type: SchedulerConfig.for_device(device_type, **overrides)
 
 
-def load_registry(args: argparse.Namespace) -> Registry:
-    """The served models from `--model`/`--device`/… (the bundled model by default)."""
+def load_registry(args: argparse.Namespace, timings: dict[str, float] | None = None) -> Registry:
+    """The served models from `--model`/`--device`/… (the bundled model by default).
+
+    `timings`, when given, gets the seconds from start until the libraries were imported (torch,
+    the engine, the tokenizers, gRPC) and those spent loading the models (tokenizers, weights,
+    compile, attention choice)."""
+    import core_engine.engine  # noqa: F401 - torch and the engine: counted as imports, not as models
     from sidecar.registry import ModelSource, Registry
 
+    imported = time.monotonic()
     sources = [ModelSource.parse(m) for m in (args.models or _env_models())]
-    return Registry.load(sources, device=args.device, dtype=args.dtype, attention=args.attention,
-                         cuda_graphs=not args.no_cuda_graphs,
-                         scheduler_config=_scheduler_config(args),
-                         tokenizer_workers=args.tokenizer_workers)
+    registry = Registry.load(sources, device=args.device, dtype=args.dtype, attention=args.attention,
+                             cuda_graphs=not args.no_cuda_graphs,
+                             scheduler_config=_scheduler_config(args),
+                             tokenizer_workers=args.tokenizer_workers)
+    if timings is not None:
+        timings.update(imports=imported - _STARTED, models=time.monotonic() - imported)
+    return registry
 
 
 class _PgWorkerRunner:
@@ -312,8 +321,9 @@ async def run_sidecar(args: argparse.Namespace,
         _check_free(args.pg_host or args.host, args.pg_port)
     if args.metrics_port:
         _check_free(args.host, args.metrics_port)
+    timings: dict[str, float] = {}
     try:
-        registry = await asyncio.to_thread(load_registry, args)
+        registry = await asyncio.to_thread(load_registry, args, timings)
     except (ValueError, OSError) as error:  # a bad --model, --device, or knob: say which
         raise SystemExit(f"fern: {error}") from None
     sidecar = Sidecar(registry, host=args.host, port=args.port, token=args.token,
@@ -349,8 +359,9 @@ async def run_sidecar(args: argparse.Namespace,
         await worker.start()
     names = ", ".join(s.name for s in sidecar.gateway.models())
     devices = ", ".join(sorted({str(e.device) for m in registry for e in m.engines}))
-    print(f"fern: serving {names} on {sidecar.target} ({devices}; {time.monotonic() - _STARTED:.1f} s after start)",
-          file=sys.stderr, flush=True)
+    # Where start-up went (the engine logs its own part of "models" in more detail).
+    print(f"fern: serving {names} on {sidecar.target} ({devices}; {time.monotonic() - _STARTED:.1f} s after "
+          f"start: imports {timings['imports']:.1f} s, models {timings['models']:.1f} s)", file=sys.stderr, flush=True)
     for extra in sidecar.extras:
         if hasattr(extra, "port"):
             print(f"fern: Postgres endpoint on {extra.host}:{extra.port}", file=sys.stderr, flush=True)
