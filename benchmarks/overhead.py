@@ -182,6 +182,7 @@ def _stand_in_forward(engine, seconds: float) -> None:
         return _ReadyAt(rows, time.perf_counter() + seconds)
 
     engine.step = step
+    engine.replays = lambda batch: True  # its step() is a cheap launch, as a graph replay is
 
 
 class _TimedHandle:
