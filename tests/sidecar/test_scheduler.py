@@ -268,7 +268,8 @@ def test_a_late_query_never_overtakes_an_earlier_one(device):
 def test_a_step_in_flight_with_nothing_queued_is_awaited_and_later_work_goes_in_one_step(device):
     async def main():
         engine = GatedEngine(name=device)
-        sched = Scheduler([engine], config(max_step_tokens=64, online_step_tokens=32))
+        # The engine thread's own wait (the loop's wait for its own launches is tested below).
+        sched = Scheduler([engine], config(max_step_tokens=64, online_step_tokens=32, online_poll_s=0.0))
         await sched.start()
         head = asyncio.create_task(sched.embed(texts(ONLINE_MARK, 0, 1), Lane.ONLINE))
         # Nothing queued: the worker waits in the step's result() (an event wait on CUDA,
@@ -676,29 +677,76 @@ def test_an_online_request_on_an_idle_engine_is_launched_where_expected(device, 
     run(main())
 
 
-def test_a_step_launched_on_arrival_is_collected_while_the_next_one_is_built():
+def test_the_loop_waits_for_its_own_launch_and_work_arriving_meanwhile_goes_to_the_engine_thread():
     async def main():
         engine = GatedEngine(name="cuda:fake")
-        sched = Scheduler([engine], config(online_step_tokens=16, max_step_tokens=64))
+        sched = Scheduler([engine], config(max_step_tokens=64, online_step_tokens=32))
         await sched.start()
-        # 32 tokens against an online step budget of 16: the loop launches the first half, and
-        # the engine's thread builds the second while the first runs.
-        query = texts(ONLINE_MARK, 0, 4)
-        task = asyncio.create_task(sched.embed(query, Lane.ONLINE))
-        await until(lambda: len(engine.prepared) == 2)
-        assert len(engine.stepped) == 1
-        assert _threads_of(engine, "prepare") == ["MainThread", "fern-engine-0"]
-        # Arriving while both are taken: built after the first step is collected, in one step.
-        later = [asyncio.create_task(sched.embed(texts(ONLINE_MARK, 10 + i, 1), Lane.ONLINE))
-                 for i in range(2)]
-        await asyncio.sleep(0.01)
+        head = asyncio.create_task(sched.embed(texts(ONLINE_MARK, 0, 1), Lane.ONLINE))
+        await until(lambda: engine.done_calls > 3)  # the loop polls its step, no thread waits in result()
+        assert engine.waiting == 0 and _threads_of(engine, "step") == ["MainThread"]
+        # The engine is busy with the loop's step: queries arriving now are not launched from
+        # the loop one by one but built by the engine's thread into one step behind it.
+        queries = [texts(ONLINE_MARK, 10 + i, 1) for i in range(3)]
+        tasks = [asyncio.create_task(sched.embed(q, Lane.ONLINE)) for q in queries]
+        await until(lambda: len(engine.stepped) == 2)
+        assert engine.stepped[1] == [tuple(q[0]) for q in queries]
+        assert _threads_of(engine, "step") == ["MainThread", "fern-engine-0"]
+        assert not head.done()
         engine.release(10**6)
-        results = await asyncio.gather(task, *later)
-        np.testing.assert_array_equal(results[0], expected(query))
-        for i, rows in enumerate(results[1:]):
-            np.testing.assert_array_equal(rows, expected(texts(ONLINE_MARK, 10 + i, 1)))
-        assert [len(step) for step in engine.stepped] == [2, 2, 2]
-        assert _threads_of(engine, "step") == ["MainThread", "fern-engine-0", "fern-engine-0"]
+        np.testing.assert_array_equal(await head, expected(texts(ONLINE_MARK, 0, 1)))
+        for q, task in zip(queries, tasks):
+            np.testing.assert_array_equal(await task, expected(q))
+        # Idle again: the next query is the loop's again.
+        query = texts(ONLINE_MARK, 50, 1)
+        np.testing.assert_array_equal(await sched.embed(query, Lane.ONLINE), expected(query))
+        assert _threads_of(engine, "step")[-1] == "MainThread"
+        await sched.drain()
+
+    run(main())
+
+
+def test_cancelling_the_query_that_launched_a_step_does_not_stop_the_wait_for_that_step():
+    async def main():
+        engine = GatedEngine(name="cuda:fake")
+        sched = Scheduler([engine], config())
+        await sched.start()
+        first = asyncio.create_task(sched.embed(texts(ONLINE_MARK, 0, 1), Lane.ONLINE))
+        await until(lambda: len(engine.stepped) == 1 and engine.done_calls > 0)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        await asyncio.sleep(0.01)
+        assert sched._collecting  # the step is still waited for: the engine is not idle yet
+        later = asyncio.create_task(sched.embed(texts(ONLINE_MARK, 1, 1), Lane.ONLINE))
+        await until(lambda: len(engine.stepped) == 2)
+        assert _threads_of(engine, "step") == ["MainThread", "fern-engine-0"]
+        engine.release(10**6)
+        np.testing.assert_array_equal(await later, expected(texts(ONLINE_MARK, 1, 1)))
+        await until(lambda: not sched._collecting)
+        query = texts(ONLINE_MARK, 2, 1)  # idle again, the loop's step done: the loop launches
+        np.testing.assert_array_equal(await sched.embed(query, Lane.ONLINE), expected(query))
+        assert _threads_of(engine, "step")[-1] == "MainThread"
+        stats = sched.stats()
+        assert (stats.online.cancelled, stats.online.completed, stats.engines[0].inflight_tokens) == (1, 2, 0)
+        await sched.drain()
+
+    run(main())
+
+
+def test_the_loop_hands_a_step_still_running_after_its_poll_budget_to_a_thread():
+    async def main():
+        engine = GatedEngine(name="cuda:fake")
+        sched = Scheduler([engine], config(online_poll_s=0.02))
+        await sched.start()
+        query = texts(ONLINE_MARK, 0, 1)
+        task = asyncio.create_task(sched.embed(query, Lane.ONLINE))
+        await until(lambda: engine.waiting == 1)  # past 20 ms of polling: a thread waits in result()
+        polls = engine.done_calls
+        await asyncio.sleep(0.05)
+        assert engine.done_calls == polls  # and the loop stopped polling
+        engine.release()
+        np.testing.assert_array_equal(await task, expected(query))
         await sched.drain()
 
     run(main())
