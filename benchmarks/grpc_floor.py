@@ -36,7 +36,16 @@ VARIANTS: dict[str, tuple[dict[str, str], dict[str, str], dict[str, str]]] = {
         {}, {"GRPC_EXPERIMENTS": _NO_EE}, {"GRPC_EXPERIMENTS": "-event_engine_client"}),
     "aio without event_engine_client, both": ({"GRPC_EXPERIMENTS": "-event_engine_client"}, {}, {}),
     "aio poll": ({"GRPC_POLL_STRATEGY": "poll"}, {}, {}),
+    # fern serve's setting and a fern client's, with a handler that waits 1 ms before answering, as a
+    # query waits for its GPU step: for a thread to finish it (the loop sleeps until woken), or by
+    # polling between loop callbacks (the loop stays awake). The difference is what a wait costs.
+    "fern settings": ({}, {"GRPC_EXPERIMENTS": _NO_EE}, {"GRPC_EXPERIMENTS": "-event_engine_client"}),
+    "fern settings, handler waits 1 ms on a thread": (
+        {}, {"GRPC_EXPERIMENTS": _NO_EE, "FERN_FLOOR_WAIT": "thread"}, {"GRPC_EXPERIMENTS": "-event_engine_client"}),
+    "fern settings, handler polls 1 ms": (
+        {}, {"GRPC_EXPERIMENTS": _NO_EE, "FERN_FLOOR_WAIT": "poll"}, {"GRPC_EXPERIMENTS": "-event_engine_client"}),
 }
+WAIT_S = 0.001
 
 
 def _late_settings() -> None:
@@ -75,6 +84,11 @@ def serve(port: int) -> None:
         server.wait_for_termination()
         return
 
+    wait = os.environ.get("FERN_FLOOR_WAIT")
+    if wait:
+        asyncio.run(_waiting_server(port, wait))
+        return
+
     async def main() -> None:
         from benchmarks.overhead import _bare_server  # the floor `benchmarks.overhead` measures too
 
@@ -82,6 +96,50 @@ def serve(port: int) -> None:
         await server.wait_for_termination()
 
     asyncio.run(main())
+
+
+async def _waiting_server(port: int, wait: str) -> None:
+    """An aio server whose Embed answers WAIT_S after it is called: a thread (standing in for the
+    engine's) finishes the wait and wakes the loop, or the handler polls the time between loop
+    callbacks."""
+    import queue
+    import threading
+
+    import grpc.aio
+    import numpy as np
+
+    from sidecar.wire import embedder_pb2 as pb
+    from sidecar.wire import embedder_pb2_grpc as pb_grpc
+
+    vectors = np.zeros((1, 1024), "<f4").tobytes()
+    work: queue.SimpleQueue = queue.SimpleQueue()
+
+    def waiter() -> None:
+        while True:
+            loop, future = work.get()
+            time.sleep(WAIT_S)
+            loop.call_soon_threadsafe(future.set_result, None)
+
+    threading.Thread(target=waiter, daemon=True).start()
+
+    class Waiting(pb_grpc.EmbedderServicer):
+        async def Embed(self, request, context):
+            if wait == "thread":
+                future = asyncio.get_running_loop().create_future()
+                work.put((asyncio.get_running_loop(), future))
+                await future
+            else:
+                ready = time.perf_counter() + WAIT_S
+                while time.perf_counter() < ready:
+                    await asyncio.sleep(0)
+            return pb.EmbedResponse(model="bare", count=1, dimensions=1024, vectors=vectors,
+                                    token_counts=[len(request.texts[0])])
+
+    server = grpc.aio.server()
+    pb_grpc.add_EmbedderServicer_to_server(Waiting(), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
 
 
 def client(port: int, iters: int) -> None:
@@ -117,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.grpc_floor", description=__doc__.splitlines()[0])
     p.add_argument("--iters", type=int, default=2000)
     p.add_argument("--out", default=None, help="JSON file (default: print only)")
+    p.add_argument("--only", nargs="+", default=None, metavar="VARIANT", help="run only these variants")
     p.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--client", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -130,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
 
     results = {}
     for name, (both, server_env, client_env) in VARIANTS.items():
+        if args.only and name not in args.only:
+            continue
         port = _free_port()
         server = subprocess.Popen([sys.executable, "-m", "benchmarks.grpc_floor", "--serve", str(port)],
                                   env={**os.environ, **both, **server_env})
