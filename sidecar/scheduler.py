@@ -673,6 +673,8 @@ class Scheduler:
                     worker.adopted = None
                 if handle is None:
                     self._launch(worker, step, prepared, in_flight)
+                    if not in_flight:  # the launch failed (its step was failed): not a stop
+                        continue
                 else:
                     in_flight.append((step, handle))
                 if nxt is None and in_flight:  # build what queued meanwhile while that step runs

@@ -38,9 +38,13 @@ class Handle:
 
     def done(self) -> bool:
         self._engine.done_calls += 1
+        if self._engine.fail_done:
+            raise RuntimeError("engine stand-in: done failed")
         return self._collected or self._engine.permits > 0
 
     def result(self) -> np.ndarray:
+        if self._engine.fail_result:
+            raise RuntimeError("engine stand-in: result failed")
         if not self._collected:
             self._engine.take_permit()
             self._collected = True
@@ -58,6 +62,9 @@ class GatedEngine:
         self.fail_prepare = fail_prepare
         self.cheap_launches: int | None = None  # set: replays() answers True this many times, then False
         self.fail_replays = False
+        self.fail_step = False  # step() raises
+        self.fail_done = False  # a handle's done() raises
+        self.fail_result = False  # a handle's result() raises
         self.permits = 10**9 if not gated else 0  # steps allowed to finish
         self.done_calls = 0  # how often the scheduler asked a handle whether its step was done
         self.waiting = 0  # threads inside result(), waiting for a step to be released
@@ -125,6 +132,8 @@ class GatedEngine:
     def step(self, prepared: list[tuple[int, ...]]) -> Handle:
         self._enter("step")
         try:
+            if self.fail_step:
+                raise RuntimeError("engine stand-in: step failed")
             with self._lock:
                 self.stepped.append(prepared)
             gate, self._launch_gate = self._launch_gate, None
@@ -830,5 +839,26 @@ def test_an_engine_error_while_deciding_where_to_launch_fails_that_step_and_free
         np.testing.assert_array_equal(await asyncio.wait_for(sched.embed(batch, Lane.BATCH), 5), expected(batch))
         assert sched.stats().engines[0].inflight_tokens == 0
         await sched.drain()
+
+    run(main())
+
+
+def test_a_failed_launch_of_a_step_the_loop_prepared_leaves_the_engine_thread_serving():
+    async def main():
+        engine = GatedEngine(gated=False, name="cuda:fake")
+        engine.cheap_launches = 0  # not a replay: the loop prepares, the engine's thread launches
+        engine.fail_step = True
+        sched = Scheduler([engine], config())
+        await sched.start()
+        with pytest.raises(RuntimeError, match="step failed"):
+            await asyncio.wait_for(sched.embed(texts(ONLINE_MARK, 0, 1), Lane.ONLINE), 5)
+        assert _threads_of(engine, "prepare") == ["MainThread"]
+        engine.fail_step = False
+        batch = texts(BATCH_MARK, 1, 2)
+        np.testing.assert_array_equal(await asyncio.wait_for(sched.embed(batch, Lane.BATCH), 5), expected(batch))
+        query = texts(ONLINE_MARK, 1, 1)
+        np.testing.assert_array_equal(await asyncio.wait_for(sched.embed(query, Lane.ONLINE), 5), expected(query))
+        assert sched.stats().engines[0].inflight_tokens == 0
+        await asyncio.wait_for(sched.drain(), 5)
 
     run(main())
