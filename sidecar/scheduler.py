@@ -746,7 +746,7 @@ class Scheduler:
                         if self._has_work_locked():
                             self._cond.notify()  # more than a step's worth: wake another idle worker
                         return step
-                    if in_flight.done():
+                    if self._finished(worker, in_flight):
                         return None
                     self._loads.wait(_POLL_S)
                 elif not idle or self._stopping:
@@ -757,6 +757,18 @@ class Scheduler:
                         self._cond.wait()
                     finally:
                         worker.waiting = False
+
+    def _finished(self, worker: _Worker, handle: Any) -> bool:
+        """Whether a step in flight is done; one whose done() raises counts as done (lock held).
+
+        Its result() then answers for it, through `_call`: failing the step here would take
+        the lock again.
+        """
+        try:
+            return bool(handle.done())
+        except Exception:
+            log.exception("engine %d (%s): done() failed; collecting the step", worker.index, worker.device)
+            return True
 
     def _has_work_locked(self) -> bool:
         return any(q.has_work() for q in self._lanes.values())

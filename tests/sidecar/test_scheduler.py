@@ -39,12 +39,12 @@ class Handle:
     def done(self) -> bool:
         self._engine.done_calls += 1
         if self._engine.fail_done:
-            raise RuntimeError("engine stand-in: done failed")
+            self._engine.raise_here("done")
         return self._collected or self._engine.permits > 0
 
     def result(self) -> np.ndarray:
         if self._engine.fail_result:
-            raise RuntimeError("engine stand-in: result failed")
+            self._engine.raise_here("result")
         if not self._collected:
             self._engine.take_permit()
             self._collected = True
@@ -75,6 +75,12 @@ class GatedEngine:
         self.threads: list[tuple[str, str]] = []  # (call, thread name) of each prepare/step
         self._in_call = 0
         self.overlapped = False  # two threads were inside prepare/step at once
+        self.raised_in: list[tuple[str, str]] = []  # (call, thread name) of each failure raised by fail_*
+
+    def raise_here(self, call: str) -> None:
+        with self._lock:
+            self.raised_in.append((call, threading.current_thread().name))
+        raise RuntimeError(f"engine stand-in: {call} failed")
 
     def _enter(self, call: str) -> None:
         with self._lock:
@@ -133,7 +139,7 @@ class GatedEngine:
         self._enter("step")
         try:
             if self.fail_step:
-                raise RuntimeError("engine stand-in: step failed")
+                self.raise_here("step")
             with self._lock:
                 self.stepped.append(prepared)
             gate, self._launch_gate = self._launch_gate, None
@@ -520,6 +526,41 @@ def test_idle_engine_gets_work_before_a_busy_one_and_a_stalled_engine_is_bypasse
     run(main())
 
 
+def test_an_engine_whose_done_raises_while_it_leaves_work_to_a_less_loaded_one_keeps_serving():
+    async def main():
+        engines = [GatedEngine(name="fake:0"), GatedEngine(name="fake:1")]
+        gates = [e.hold_launch() for e in engines]
+        sched = Scheduler(engines, config(max_step_tokens=16))
+        await sched.start()
+        big = [[BATCH_MARK, 0] + [7] * 38]  # 40 tokens: a step of its own
+        first = asyncio.create_task(sched.embed(big, Lane.BATCH))
+        await until(lambda: any(e.launching.is_set() for e in engines))
+        busy = next(e for e in engines if e.launching.is_set())
+        free = next(e for e in engines if e is not busy)
+        second = asyncio.create_task(sched.embed(texts(BATCH_MARK, 10, 1), Lane.BATCH))
+        await until(free.launching.is_set)
+        gates[engines.index(free)].set()
+        await until(lambda: free.waiting == 1)  # in its step's result(), nothing queued
+        third = asyncio.create_task(sched.embed(texts(BATCH_MARK, 20, 1), Lane.BATCH))
+        await until(lambda: sched.stats().batch.queued_requests == 1)
+        # `busy` (40 tokens in flight) leaves the queued work to `free` (8) and watches its
+        # own step meanwhile: that done() raises.
+        busy.fail_done = True
+        gates[engines.index(busy)].set()
+        await until(lambda: busy.raised_in)
+        assert busy.raised_in[0][0] == "done" and busy.raised_in[0][1].startswith("fern-engine-")
+        for e in engines:
+            e.release(10**6)
+        got = await asyncio.wait_for(asyncio.gather(first, second, third), 5)
+        for seqs, rows in zip([big, texts(BATCH_MARK, 10, 1), texts(BATCH_MARK, 20, 1)], got):
+            np.testing.assert_array_equal(rows, expected(seqs))
+        assert all(w.thread.is_alive() for w in sched._workers)  # noqa: SLF001
+        assert all(e.inflight_tokens == 0 for e in sched.stats().engines)
+        await asyncio.wait_for(sched.drain(), 5)
+
+    run(main())
+
+
 def test_engine_failure_fails_its_requests_and_serving_goes_on():
     async def main():
         engine = GatedEngine(gated=False, fail_prepare=True)
@@ -853,6 +894,7 @@ def test_a_failed_launch_of_a_step_the_loop_prepared_leaves_the_engine_thread_se
         with pytest.raises(RuntimeError, match="step failed"):
             await asyncio.wait_for(sched.embed(texts(ONLINE_MARK, 0, 1), Lane.ONLINE), 5)
         assert _threads_of(engine, "prepare") == ["MainThread"]
+        assert engine.raised_in == [("step", "fern-engine-0")]
         engine.fail_step = False
         batch = texts(BATCH_MARK, 1, 2)
         np.testing.assert_array_equal(await asyncio.wait_for(sched.embed(batch, Lane.BATCH), 5), expected(batch))
@@ -862,3 +904,4 @@ def test_a_failed_launch_of_a_step_the_loop_prepared_leaves_the_engine_thread_se
         await asyncio.wait_for(sched.drain(), 5)
 
     run(main())
+
