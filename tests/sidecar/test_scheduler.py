@@ -702,6 +702,17 @@ def _threads_of(engine: GatedEngine, call: str) -> list[str]:
     return [name for c, name in engine.threads if c == call]
 
 
+async def _engines_waiting(sched: Scheduler) -> None:
+    """Wait until every engine thread waits for work: only then can the loop claim its engine.
+    (A thread hands out a step's results just before it gets there.)"""
+    await until(lambda: all(w.waiting for w in sched._workers))  # noqa: SLF001
+
+
+async def _started(sched: Scheduler) -> None:
+    await sched.start()
+    await _engines_waiting(sched)
+
+
 @pytest.mark.parametrize("device, on, launched_by", [
     ("cuda:fake", True, "MainThread"),          # idle async engine: the event loop launches
     ("cuda:fake", False, "fern-engine-0"),      # switched off: the engine's thread does
@@ -711,7 +722,7 @@ def test_an_online_request_on_an_idle_engine_is_launched_where_expected(device, 
     async def main():
         engine = GatedEngine(gated=False, name=device)
         sched = Scheduler([engine], SchedulerConfig(**{**config().__dict__, "launch_on_arrival": on}))
-        await sched.start()
+        await _started(sched)
         query = texts(ONLINE_MARK, 0, 2)
         np.testing.assert_array_equal(await sched.embed(query, Lane.ONLINE), expected(query))
         assert _threads_of(engine, "prepare") == [launched_by]
@@ -731,7 +742,7 @@ def test_the_loop_waits_for_its_own_launch_and_work_arriving_meanwhile_goes_to_t
     async def main():
         engine = GatedEngine(name="cuda:fake")
         sched = Scheduler([engine], config(max_step_tokens=64, online_step_tokens=32))
-        await sched.start()
+        await _started(sched)
         head = asyncio.create_task(sched.embed(texts(ONLINE_MARK, 0, 1), Lane.ONLINE))
         await until(lambda: engine.done_calls > 3)  # the loop polls its step, no thread waits in result()
         assert engine.waiting == 0 and _threads_of(engine, "step") == ["MainThread"]
@@ -748,6 +759,7 @@ def test_the_loop_waits_for_its_own_launch_and_work_arriving_meanwhile_goes_to_t
         for q, task in zip(queries, tasks):
             np.testing.assert_array_equal(await task, expected(q))
         # Idle again: the next query is the loop's again.
+        await _engines_waiting(sched)
         query = texts(ONLINE_MARK, 50, 1)
         np.testing.assert_array_equal(await sched.embed(query, Lane.ONLINE), expected(query))
         assert _threads_of(engine, "step")[-1] == "MainThread"
@@ -760,7 +772,7 @@ def test_cancelling_the_query_that_launched_a_step_does_not_stop_the_wait_for_th
     async def main():
         engine = GatedEngine(name="cuda:fake")
         sched = Scheduler([engine], config())
-        await sched.start()
+        await _started(sched)
         first = asyncio.create_task(sched.embed(texts(ONLINE_MARK, 0, 1), Lane.ONLINE))
         await until(lambda: len(engine.stepped) == 1 and engine.done_calls > 0)
         first.cancel()
@@ -774,6 +786,7 @@ def test_cancelling_the_query_that_launched_a_step_does_not_stop_the_wait_for_th
         engine.release(10**6)
         np.testing.assert_array_equal(await later, expected(texts(ONLINE_MARK, 1, 1)))
         await until(lambda: not sched._collecting)
+        await _engines_waiting(sched)
         query = texts(ONLINE_MARK, 2, 1)  # idle again, the loop's step done: the loop launches
         np.testing.assert_array_equal(await sched.embed(query, Lane.ONLINE), expected(query))
         assert _threads_of(engine, "step")[-1] == "MainThread"
@@ -788,7 +801,7 @@ def test_the_loop_hands_a_step_still_running_after_its_poll_budget_to_a_thread()
     async def main():
         engine = GatedEngine(name="cuda:fake")
         sched = Scheduler([engine], config(online_poll_s=0.02))
-        await sched.start()
+        await _started(sched)
         query = texts(ONLINE_MARK, 0, 1)
         task = asyncio.create_task(sched.embed(query, Lane.ONLINE))
         await until(lambda: engine.waiting == 1)  # past 20 ms of polling: a thread waits in result()
@@ -806,7 +819,7 @@ def test_a_failed_launch_on_arrival_fails_only_its_request_and_serving_goes_on()
     async def main():
         engine = GatedEngine(gated=False, name="cuda:fake", fail_prepare=True)
         sched = Scheduler([engine], config())
-        await sched.start()
+        await _started(sched)
         with pytest.raises(RuntimeError, match="prepare failed"):
             await sched.embed(texts(ONLINE_MARK, 0, 1), Lane.ONLINE)
         assert _threads_of(engine, "prepare") == ["MainThread"]
@@ -827,7 +840,7 @@ def test_launch_on_arrival_under_concurrent_load_never_shares_an_engine(engines)
     async def main():
         fleet = [GatedEngine(gated=False, name=f"cuda:{i}") for i in range(engines)]
         sched = Scheduler(fleet, config(max_step_tokens=64, online_step_tokens=32))
-        await sched.start()
+        await _started(sched)
         requests = []
         for i in range(300):
             lane = Lane.ONLINE if i % 3 else Lane.BATCH
@@ -849,13 +862,15 @@ def test_a_step_that_would_not_replay_a_graph_is_launched_by_the_engine_thread()
         engine = GatedEngine(gated=False, name="cuda:fake")
         engine.cheap_launches = 0  # every step is an eager step or a capture, until told otherwise
         sched = Scheduler([engine], config())
-        await sched.start()
+        await _started(sched)
         for n in range(2):
+            await _engines_waiting(sched)
             query = texts(ONLINE_MARK, n, 1)
             np.testing.assert_array_equal(await sched.embed(query, Lane.ONLINE), expected(query))
         assert _threads_of(engine, "prepare") == ["MainThread"] * 2
         assert _threads_of(engine, "step") == ["fern-engine-0"] * 2
         engine.cheap_launches = 1  # a replay now
+        await _engines_waiting(sched)
         query = texts(ONLINE_MARK, 5, 1)
         np.testing.assert_array_equal(await sched.embed(query, Lane.ONLINE), expected(query))
         assert _threads_of(engine, "step")[-1] == "MainThread"
@@ -870,7 +885,7 @@ def test_an_engine_error_while_deciding_where_to_launch_fails_that_step_and_free
         engine = GatedEngine(gated=False, name="cuda:fake")
         engine.fail_replays = True
         sched = Scheduler([engine], config())
-        await sched.start()
+        await _started(sched)
         with pytest.raises(RuntimeError, match="replays failed"):
             await sched.embed(texts(ONLINE_MARK, 0, 1), Lane.ONLINE)
         engine.fail_replays = False
@@ -890,7 +905,7 @@ def test_a_failed_launch_of_a_step_the_loop_prepared_leaves_the_engine_thread_se
         engine.cheap_launches = 0  # not a replay: the loop prepares, the engine's thread launches
         engine.fail_step = True
         sched = Scheduler([engine], config())
-        await sched.start()
+        await _started(sched)
         with pytest.raises(RuntimeError, match="step failed"):
             await asyncio.wait_for(sched.embed(texts(ONLINE_MARK, 0, 1), Lane.ONLINE), 5)
         assert _threads_of(engine, "prepare") == ["MainThread"]
@@ -905,3 +920,256 @@ def test_a_failed_launch_of_a_step_the_loop_prepared_leaves_the_engine_thread_se
 
     run(main())
 
+
+def _assert_idle(sched: Scheduler) -> None:
+    """Nothing queued, composed, claimed or in flight anywhere, and no request left unsettled."""
+    stats = sched.stats()
+    assert stats.online.queued_tokens == stats.batch.queued_tokens == 0
+    assert stats.online.queued_requests == stats.batch.queued_requests == 0
+    assert all(e.inflight_tokens == 0 for e in stats.engines), stats.engines
+    assert not sched._live and not sched._collecting  # noqa: SLF001
+    for w in sched._workers:  # noqa: SLF001
+        assert (w.claimed, w.adopted, w.loop_steps, w.holding) == (False, None, 0, False)
+
+
+@pytest.mark.parametrize("call, gated, raised_by", [
+    ("step", False, "MainThread"),        # the loop's launch
+    ("done", False, "MainThread"),        # the loop's poll
+    ("result", False, "MainThread"),      # done at the first poll: collected on the loop
+    ("result", True, "asyncio"),          # still running after the poll budget: on a thread
+])
+def test_an_engine_error_in_a_step_the_loop_launched_or_waits_for_fails_it_and_frees_the_engine(call, gated, raised_by):
+    async def main():
+        engine = GatedEngine(gated=gated, name="cuda:fake")
+        setattr(engine, f"fail_{call}", True)
+        sched = Scheduler([engine], config(online_poll_s=0.005))
+        await _started(sched)
+        with pytest.raises(RuntimeError, match=f"{call} failed"):
+            await asyncio.wait_for(sched.embed(texts(ONLINE_MARK, 0, 2), Lane.ONLINE), 5)
+        assert [c for c, _ in engine.raised_in] == [call]
+        assert engine.raised_in[0][1].startswith(raised_by)
+        assert _threads_of(engine, "prepare") == ["MainThread"]
+        await until(lambda: not sched._collecting)  # noqa: SLF001
+        _assert_idle(sched)
+        setattr(engine, f"fail_{call}", False)
+        engine.release(10**6)
+        await _engines_waiting(sched)
+        query = texts(ONLINE_MARK, 1, 1)  # the engine is claimable again: the loop launches
+        np.testing.assert_array_equal(await asyncio.wait_for(sched.embed(query, Lane.ONLINE), 5), expected(query))
+        assert _threads_of(engine, "step")[-1] == "MainThread"
+        batch = texts(BATCH_MARK, 1, 2)  # and its thread still serves
+        np.testing.assert_array_equal(await asyncio.wait_for(sched.embed(batch, Lane.BATCH), 5), expected(batch))
+        stats = sched.stats()
+        assert (stats.online.completed, stats.batch.completed) == (1, 1)
+        _assert_idle(sched)
+        await asyncio.wait_for(sched.drain(), 5)
+
+    run(main())
+
+
+@pytest.mark.parametrize("poll_s", [0.0, 0.02])
+def test_drain_waits_for_a_step_the_loop_launched_for_a_cancelled_query(poll_s):
+    async def main():
+        engine = GatedEngine(name="cuda:fake")
+        sched = Scheduler([engine], config(online_poll_s=poll_s))
+        await _started(sched)
+        query = asyncio.create_task(sched.embed(texts(ONLINE_MARK, 0, 1), Lane.ONLINE))
+        await until(lambda: len(engine.stepped) == 1)
+        assert _threads_of(engine, "step") == ["MainThread"]
+        query.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await query
+        drain = asyncio.create_task(sched.drain())
+        await asyncio.sleep(0.05)
+        assert not drain.done()  # its step is still on the engine
+        assert all(w.thread.is_alive() for w in sched._workers)  # noqa: SLF001
+        engine.release()
+        await asyncio.wait_for(drain, 5)
+        assert not any(w.thread.is_alive() for w in sched._workers)  # noqa: SLF001
+        assert engine.permits == 0  # the step was collected before drain returned
+        stats = sched.stats()
+        assert (stats.online.cancelled, stats.online.completed, stats.steps) == (1, 0, 1)
+        _assert_idle(sched)
+
+    run(main())
+
+
+def test_a_query_whose_deadline_passes_during_the_loops_step_hears_at_the_deadline():
+    async def main():
+        engine = GatedEngine(name="cuda:fake")
+        sched = Scheduler([engine], config(online_poll_s=10.0))  # the loop keeps polling throughout
+        await _started(sched)
+        late = texts(ONLINE_MARK, 0, 2)
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            await sched.embed(late, Lane.ONLINE, deadline=time.monotonic() + 0.05)
+        assert time.monotonic() - started < 1.0
+        assert engine.stepped == [[tuple(s) for s in late]] and _threads_of(engine, "step") == ["MainThread"]
+        assert sched._collecting and sched.stats().engines[0].inflight_tokens == 16  # noqa: SLF001
+        # The engine is still busy with that step: the next query goes to its thread.
+        nxt = asyncio.create_task(sched.embed(texts(ONLINE_MARK, 5, 1), Lane.ONLINE))
+        await until(lambda: len(engine.stepped) == 2)
+        assert _threads_of(engine, "step") == ["MainThread", "fern-engine-0"]
+        engine.release(2)
+        np.testing.assert_array_equal(await asyncio.wait_for(nxt, 5), expected(texts(ONLINE_MARK, 5, 1)))
+        await until(lambda: not sched._collecting)  # noqa: SLF001
+        stats = sched.stats()
+        assert (stats.online.expired, stats.online.completed) == (1, 1)
+        _assert_idle(sched)
+        await asyncio.wait_for(sched.drain(), 5)
+
+    run(main())
+
+
+def test_each_idle_engine_takes_a_query_from_the_loop_and_a_third_goes_to_an_engine_thread():
+    async def main():
+        fleet = [GatedEngine(name=f"cuda:{i}") for i in range(2)]
+        sched = Scheduler(fleet, config())
+        await _started(sched)
+        queries = [texts(ONLINE_MARK, 10 * i, 1) for i in range(3)]
+        first = [asyncio.create_task(sched.embed(q, Lane.ONLINE)) for q in queries[:2]]
+        await until(lambda: all(e.stepped for e in fleet))
+        assert [_threads_of(e, "step") for e in fleet] == [["MainThread"], ["MainThread"]]
+        assert sum(w.loop_steps for w in sched._workers) == 2  # noqa: SLF001
+        third = asyncio.create_task(sched.embed(queries[2], Lane.ONLINE))
+        await until(lambda: sum(len(e.stepped) for e in fleet) == 3)
+        launched_by = [n for e in fleet for n in _threads_of(e, "step")]
+        assert launched_by.count("MainThread") == 2
+        assert [n for n in launched_by if n != "MainThread"][0].startswith("fern-engine-")
+        for e in fleet:
+            e.release(10**6)
+        for q, got in zip(queries, await asyncio.gather(*first, third)):
+            np.testing.assert_array_equal(got, expected(q))
+        assert not any(e.overlapped for e in fleet)
+        await until(lambda: not sched._collecting)  # noqa: SLF001
+        _assert_idle(sched)
+        await asyncio.wait_for(sched.drain(), 5)
+
+    run(main())
+
+
+def test_a_query_larger_than_an_online_step_starts_on_the_loop_and_ends_on_the_engine_thread():
+    async def main():
+        engine = GatedEngine(name="cuda:fake")
+        sched = Scheduler([engine], config(max_step_tokens=64, online_step_tokens=32))
+        await _started(sched)
+        query = texts(ONLINE_MARK, 0, 8)  # 64 tokens: two online steps
+        task = asyncio.create_task(sched.embed(query, Lane.ONLINE))
+        await until(lambda: len(engine.stepped) == 2)
+        assert engine.stepped == [[tuple(s) for s in query[:4]], [tuple(s) for s in query[4:]]]
+        assert _threads_of(engine, "step") == ["MainThread", "fern-engine-0"]
+        assert sched.stats().engines[0].inflight_tokens == 64
+        engine.release(2)
+        np.testing.assert_array_equal(await asyncio.wait_for(task, 5), expected(query))
+        await until(lambda: not sched._collecting)  # noqa: SLF001
+        assert sched.stats().online.completed == 1
+        _assert_idle(sched)
+        await asyncio.wait_for(sched.drain(), 5)
+
+    run(main())
+
+
+class ChaoticEngine(GatedEngine):
+    """Ungated stand-in whose steps take a random 0-2 ms, some launches are eager (not replays),
+    and any call (prepare, replays, step, done, result) fails now and then."""
+
+    def __init__(self, name: str, seed: int, failure_rate: float) -> None:
+        super().__init__(gated=False, name=name)
+        self._rng = np.random.default_rng(seed)
+        self._rng_lock = threading.Lock()
+        self._failure_rate = failure_rate
+        self.failures = 0
+
+    def _draw(self) -> float:
+        with self._rng_lock:
+            return float(self._rng.random())
+
+    def _maybe_fail(self, call: str) -> None:
+        if self._draw() < self._failure_rate:
+            with self._rng_lock:
+                self.failures += 1
+            self.raise_here(call)
+
+    def prepare(self, sequences: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+        self._maybe_fail("prepare")
+        return super().prepare(sequences)
+
+    def replays(self, prepared: list[tuple[int, ...]]) -> bool:
+        self._maybe_fail("replays")
+        return self._draw() < 0.7
+
+    def step(self, prepared: list[tuple[int, ...]]) -> Handle:
+        self._maybe_fail("step")
+        handle = super().step(prepared)
+        ready_at = time.monotonic() + 0.002 * self._draw()
+        inner_done, inner_result = handle.done, handle.result
+
+        def done() -> bool:
+            self._maybe_fail("done")
+            return inner_done() and time.monotonic() >= ready_at
+
+        def result() -> np.ndarray:
+            self._maybe_fail("result")
+            time.sleep(max(0.0, ready_at - time.monotonic()))
+            return inner_result()
+
+        handle.done, handle.result = done, result  # type: ignore[method-assign]
+        return handle
+
+
+@pytest.mark.parametrize("engines, poll_s, seed", [
+    (1, 0.02, 1), (1, 0.0005, 2), (1, 0.0, 3), (2, 0.02, 4), (2, 0.0005, 5), (3, 0.0, 6),
+])
+def test_launch_on_arrival_with_failing_engines_cancels_and_deadlines_settles_everything(engines, poll_s, seed):
+    rng = np.random.default_rng(seed)
+
+    async def main():
+        loop_errors: list[dict] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, context: loop_errors.append(context))
+        fleet = [ChaoticEngine(f"cuda:{i}", seed * 10 + i, failure_rate=0.02) for i in range(engines)]
+        sched = Scheduler(fleet, config(max_step_tokens=96, online_step_tokens=32,
+                                        max_queued_tokens_batch=3000, max_queued_tokens_online=1500,
+                                        online_poll_s=poll_s))
+        await _started(sched)
+        jobs = []
+        for i in range(300):
+            lane = Lane.ONLINE if rng.random() < 0.6 else Lane.BATCH
+            mark = ONLINE_MARK if lane == Lane.ONLINE else BATCH_MARK
+            seqs = [[mark, i, k] + [3] * int(rng.integers(0, 20)) for k in range(int(rng.integers(1, 8)))]
+            deadline = time.monotonic() + float(rng.uniform(0.001, 0.03)) if rng.random() < 0.15 else None
+            task = asyncio.create_task(sched.embed(seqs, lane, deadline, wait=lane == Lane.BATCH))
+            jobs.append((seqs, task))
+            if rng.random() < 0.15:
+                asyncio.get_running_loop().call_later(float(rng.uniform(0, 0.005)), task.cancel)
+            if rng.random() < 0.5:  # gaps in which an engine goes idle: the loop launches
+                await asyncio.sleep(float(rng.uniform(0, 0.003)))
+        done, pending = await asyncio.wait([task for _, task in jobs], timeout=15)
+        assert not pending, f"{len(pending)} requests never settled"
+        outcomes = {"done": 0, "cancelled": 0, "expired": 0, "failed": 0, "full": 0}
+        for seqs, task in jobs:
+            if task.cancelled():
+                outcomes["cancelled"] += 1
+            elif isinstance(task.exception(), DeadlineExceeded):
+                outcomes["expired"] += 1
+            elif isinstance(task.exception(), QueueFull):
+                outcomes["full"] += 1
+            elif task.exception() is not None:
+                assert str(task.exception()).startswith("engine stand-in:"), task.exception()
+                outcomes["failed"] += 1
+            else:
+                outcomes["done"] += 1
+                np.testing.assert_array_equal(task.result(), expected(seqs))
+        assert all(w.thread.is_alive() for w in sched._workers)  # noqa: SLF001  (no engine thread gave up)
+        # Steps whose requests were all cancelled may still run: drain waits for them.
+        await asyncio.wait_for(sched.drain(), 10)
+        _assert_idle(sched)
+        assert not loop_errors, loop_errors
+        assert not any(e.overlapped for e in fleet)
+        stepped = [s for e in fleet for step in e.stepped for s in step]
+        assert len(stepped) == len(set(stepped))  # no sequence ran twice
+        assert sched.stats().tokens == sum(map(len, stepped))
+        launched_by = [n for e in fleet for n in _threads_of(e, "step")]
+        assert "MainThread" in launched_by and any(n.startswith("fern-engine-") for n in launched_by)
+        assert sum(e.failures for e in fleet) > 0 and outcomes["done"] > 100, outcomes
+
+    run(main(), timeout=60)
