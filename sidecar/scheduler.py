@@ -8,7 +8,7 @@ was built gets a small step of its own launched just before N+1, so a query wait
 most the step in flight. With nothing queued, the worker blocks in N's `result()` (on
 CUDA an event wait that releases the GIL): it sees N finish at once instead of polling,
 and work that arrives meanwhile is built as soon as N is collected. Results reach the
-asyncio loop with `call_soon_threadsafe`; the loop never waits on an engine.
+asyncio loop with `call_soon_threadsafe`; the loop never blocks on an engine.
 An ONLINE request that finds an asynchronous (CUDA) engine idle is prepared on the event loop
 as it is admitted and, when its step would replay a captured graph, launched there too; the
 engine's thread is not involved (eager steps and captures, milliseconds of host work, are
@@ -114,8 +114,8 @@ class SchedulerConfig:
     max_queued_tokens_online: int = 65_536  # ONLINE backlog before QueueFull
     max_queued_tokens_batch: int = 262_144  # BATCH backlog before QueueFull / stream waits
     # An ONLINE request that finds an asynchronous (CUDA) engine idle is prepared and launched
-    # on the event loop as it is admitted, instead of waking the engine's thread to do it: the
-    # thread's wake-up then overlaps the GPU step instead of delaying it. Env FERN_LAUNCH_ON_ARRIVAL=0 turns it off.
+    # on the event loop as it is admitted, instead of waking the engine's thread to do it (a
+    # wake-up took ~0.1 ms on the H200 host). Env FERN_LAUNCH_ON_ARRIVAL=0 turns it off.
     launch_on_arrival: bool = field(default_factory=lambda: os.environ.get("FERN_LAUNCH_ON_ARRIVAL", "1") != "0")
     # The loop then also waits for that step's result by polling it between its other callbacks
     # for up to this long (then a thread waits): it stays awake instead of sleeping in epoll
@@ -335,9 +335,11 @@ class Scheduler:
                 admitted = queue.fits(tokens) and not (wait and lane_has_waiters)
                 claim = None
                 if admitted:
-                    self._admit_locked(request)
+                    self._admit_locked(request, wake=False)
                     if lane is Lane.ONLINE and self.config.launch_on_arrival:
                         claim = self._claim_locked()
+                    if claim is None or self._has_work_locked():
+                        self._wake_locked()  # not the claimed engine's thread: it would only wait again
             if claim is not None:
                 self._launch_on_loop(*claim)
             if not admitted:
@@ -480,12 +482,16 @@ class Scheduler:
             remaining=len(sequences),
         )
 
-    def _admit_locked(self, request: Request) -> None:
-        """Queue a request (loop thread, lock held)."""
+    def _admit_locked(self, request: Request, *, wake: bool = True) -> None:
+        """Queue a request (loop thread, lock held); `wake=False` leaves waking a worker to the caller."""
         request.future = self._loop.create_future()
         self._live.add(request)
         self._lanes[request.lane].push(request)
         self._counters[request.lane].admitted += 1
+        if wake:
+            self._wake_locked()
+
+    def _wake_locked(self) -> None:
         # Any idle worker takes the work, and one that leaves work behind wakes the next
         # (_next_step): one wake-up is enough.
         self._cond.notify()
@@ -494,8 +500,8 @@ class Scheduler:
     def _claim_locked(self) -> tuple[_Worker, _Step] | None:
         """An idle asynchronous engine and an online step composed for it, or None (lock held).
 
-        The step takes online work only, within the online step budget: the loop prepares it,
-        and a batch step's host work does not belong on the loop.
+        The step takes online work only, within the budget of an online-only step (as the
+        engine's thread would compose it): a batch step's host work does not belong on the loop.
         """
         worker = next((w for w in self._workers if w.waiting and w.launches_async
                        and not w.claimed and w.adopted is None and not w.loop_steps), None)
@@ -503,7 +509,7 @@ class Scheduler:
             return None
         cfg = self.config
         took = self._lanes[Lane.ONLINE].take(
-            cfg.online_step_tokens, cfg.max_step_sequences, time.monotonic(), oversize_ok=True
+            cfg.max_step_tokens, cfg.max_step_sequences, time.monotonic(), oversize_ok=True
         )
         self._post(self._expire_locked(took.expired), room_freed=True)
         if not took.chunks:
@@ -512,10 +518,11 @@ class Scheduler:
         return worker, self._new_step_locked(worker, took.chunks, took.tokens)
 
     def _launch_on_loop(self, worker: _Worker, step: _Step) -> None:
-        """Prepare a claimed step here and launch it if that is cheap, then hand it to the engine's thread.
+        """Prepare a claimed step here and launch it if that is cheap; then collect it here too.
 
         A step that would not replay a captured graph (an eager step or a capture: milliseconds
-        of host work for a new shape) is launched by the engine's thread, off the loop.
+        of host work for a new shape) is handed to the engine's thread to launch, off the loop;
+        so is a launched step when `online_poll_s` is 0.
         """
         engine = worker.engine
         adopted = None
@@ -541,11 +548,12 @@ class Scheduler:
                 task.add_done_callback(self._collecting.discard)
             else:
                 adopted = (step, prepared, handle)
-        finally:  # whatever happened, the engine's thread stops waiting for this claim
+        finally:  # whatever happened, the claim ends; the engine's thread is woken only if it has work
             with self._cond:
                 worker.claimed = False
                 worker.adopted = adopted
-                self._cond.notify_all()
+                if adopted is not None or self._has_work_locked():
+                    self._cond.notify_all()
 
     async def _collect_on_loop(self, worker: _Worker, step: _Step, handle: Any) -> None:
         """Wait for a step the loop launched, polling it between the loop's other callbacks, and deliver it.
@@ -732,8 +740,8 @@ class Scheduler:
         """
         with self._cond:
             while True:
-                if worker.claimed:  # the loop is launching a step here: wait for its handle
-                    self._cond.wait()
+                if worker.claimed:  # the loop is launching a step here: wait for what it hands over
+                    self._wait_idle_locked(worker)
                     continue
                 if worker.adopted is not None:
                     return None  # _work collects it
@@ -752,11 +760,15 @@ class Scheduler:
                 elif not idle or self._stopping:
                     return None
                 else:
-                    worker.waiting = True
-                    try:
-                        self._cond.wait()
-                    finally:
-                        worker.waiting = False
+                    self._wait_idle_locked(worker)
+
+    def _wait_idle_locked(self, worker: _Worker) -> None:
+        """Wait for work with nothing in flight: the loop may claim this engine meanwhile (lock held)."""
+        worker.waiting = True
+        try:
+            self._cond.wait()
+        finally:
+            worker.waiting = False
 
     def _finished(self, worker: _Worker, handle: Any) -> bool:
         """Whether a step in flight is done; one whose done() raises counts as done (lock held).

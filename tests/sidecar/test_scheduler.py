@@ -1048,25 +1048,38 @@ def test_each_idle_engine_takes_a_query_from_the_loop_and_a_third_goes_to_an_eng
     run(main())
 
 
-def test_a_query_larger_than_an_online_step_starts_on_the_loop_and_ends_on_the_engine_thread():
+def test_a_query_larger_than_a_step_starts_on_the_loop_and_ends_on_the_engine_thread():
     async def main():
         engine = GatedEngine(name="cuda:fake")
         sched = Scheduler([engine], config(max_step_tokens=64, online_step_tokens=32))
         await _started(sched)
-        query = texts(ONLINE_MARK, 0, 8)  # 64 tokens: two online steps
+        # 48 tokens: more than a step carrying online work plus batch fill may have, but within
+        # an online-only step (as the engine's thread composes one): a single step, from the loop.
+        small = texts(ONLINE_MARK, 100, 6)
+        rows, _ = await asyncio.wait_for(asyncio.gather(sched.embed(small, Lane.ONLINE), _release_soon(engine)), 5)
+        np.testing.assert_array_equal(rows, expected(small))
+        assert engine.stepped == [[tuple(s) for s in small]]
+        await until(lambda: not sched._collecting)  # noqa: SLF001
+        await until(lambda: engine.waiting == 0 and sched._workers[0].waiting)  # noqa: SLF001
+        query = texts(ONLINE_MARK, 0, 12)  # 96 tokens: a full step from the loop, the rest on the thread
         task = asyncio.create_task(sched.embed(query, Lane.ONLINE))
-        await until(lambda: len(engine.stepped) == 2)
-        assert engine.stepped == [[tuple(s) for s in query[:4]], [tuple(s) for s in query[4:]]]
-        assert _threads_of(engine, "step") == ["MainThread", "fern-engine-0"]
-        assert sched.stats().engines[0].inflight_tokens == 64
+        await until(lambda: len(engine.stepped) == 3)
+        assert engine.stepped[1:] == [[tuple(s) for s in query[:8]], [tuple(s) for s in query[8:]]]
+        assert _threads_of(engine, "step") == ["MainThread", "MainThread", "fern-engine-0"]
+        assert sched.stats().engines[0].inflight_tokens == 96
         engine.release(2)
         np.testing.assert_array_equal(await asyncio.wait_for(task, 5), expected(query))
         await until(lambda: not sched._collecting)  # noqa: SLF001
-        assert sched.stats().online.completed == 1
+        assert sched.stats().online.completed == 2
         _assert_idle(sched)
         await asyncio.wait_for(sched.drain(), 5)
 
     run(main())
+
+
+async def _release_soon(engine: GatedEngine) -> None:
+    await until(lambda: len(engine.stepped) >= 1)
+    engine.release()
 
 
 class ChaoticEngine(GatedEngine):
@@ -1173,3 +1186,31 @@ def test_launch_on_arrival_with_failing_engines_cancels_and_deadlines_settles_ev
         assert sum(e.failures for e in fleet) > 0 and outcomes["done"] > 100, outcomes
 
     run(main(), timeout=60)
+
+
+def test_a_query_the_loop_launches_and_collects_never_wakes_the_engine_thread():
+    async def main():
+        engine = GatedEngine(gated=False, name="cuda:fake")
+        sched = Scheduler([engine], config())
+        wakes = []
+
+        class Counting(threading.Condition):
+            def wait(self, timeout=None):
+                try:
+                    return super().wait(timeout)
+                finally:
+                    wakes.append(threading.current_thread().name)
+
+        sched._cond = Counting(sched._cond._lock)  # noqa: SLF001 - same lock as _loads
+        await _started(sched)
+        for n in range(5):
+            query = texts(ONLINE_MARK, n, 1)
+            np.testing.assert_array_equal(await sched.embed(query, Lane.ONLINE), expected(query))
+        assert _threads_of(engine, "step") == ["MainThread"] * 5
+        assert wakes == []  # each wake-up would take the GIL from the loop mid-query
+        batch = texts(BATCH_MARK, 0, 2)  # work for the thread still wakes it
+        np.testing.assert_array_equal(await asyncio.wait_for(sched.embed(batch, Lane.BATCH), 5), expected(batch))
+        assert "fern-engine-0" in wakes
+        await sched.drain()
+
+    run(main())
