@@ -72,6 +72,9 @@ ENGINE_FAMILIES: tuple[Family, ...] = (
            lambda s: s.sequences),
     Family("fern_engine_inflight_tokens", "gauge",
            "Tokens composed into steps and not yet delivered.", lambda s: s.inflight_tokens),
+    Family("fern_engine_loop_launched_steps_total", "counter",
+           "Of the steps launched, those the event loop launched for queries that found the engine idle.",
+           lambda s: s.loop_launches),
 )
 
 # Per model and engine, from core_engine's GraphCounters (how each step was run).

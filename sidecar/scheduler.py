@@ -187,6 +187,7 @@ class EngineStats:
     tokens: int
     sequences: int
     inflight_tokens: int
+    loop_launches: int = 0  # of `steps`, those the event loop launched (launch on arrival)
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,7 @@ class _Worker:
         # That step, prepared, and its handle (None: this thread launches it), for this thread to collect.
         self.adopted: tuple[_Step, Any, Any] | None = None
         self.loop_steps = 0  # steps the loop launched on this engine and is waiting for
+        self.loop_launches = 0  # steps the loop launched on this engine, ever
         self.steps = 0
         self.tokens = 0
         self.sequences = 0
@@ -442,7 +444,8 @@ class Scheduler:
                 for lane, q in self._lanes.items()
             }
             engines = tuple(
-                EngineStats(w.device, w.steps, w.tokens, w.sequences, w.load) for w in self._workers
+                EngineStats(w.device, w.steps, w.tokens, w.sequences, w.load, w.loop_launches)
+                for w in self._workers
             )
             return SchedulerStats(
                 online=lanes[Lane.ONLINE],
@@ -539,7 +542,7 @@ class Scheduler:
             if handle is None:
                 adopted = (step, prepared, None)  # the engine's thread launches it
                 return
-            self._launched(worker, step)
+            self._launched(worker, step, by_loop=True)
             if self.config.online_poll_s > 0:
                 with self._cond:
                     worker.loop_steps += 1  # busy: work arriving meanwhile goes to its thread
@@ -879,8 +882,9 @@ class Scheduler:
             self._fail(worker, step, error)
             return _FAILED
 
-    def _launched(self, worker: _Worker, step: _Step) -> None:
+    def _launched(self, worker: _Worker, step: _Step, *, by_loop: bool = False) -> None:
         with self._cond:
+            worker.loop_launches += by_loop
             worker.holding = False
             worker.steps += 1
             worker.tokens += step.tokens

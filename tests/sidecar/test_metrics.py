@@ -129,7 +129,8 @@ def test_the_exposition_parses_and_names_the_served_model(metrics_sidecar):
         assert value(samples, "fern_queue_max_tokens", model=model, lane=lane) > 0
         assert value(samples, "fern_requests_rejected_total", model=model, lane=lane) == 0
     engine = dict(model=model, engine="0", device="cpu")
-    for name in ("fern_engine_steps_total", "fern_engine_tokens_total", "fern_graph_eager_runs_total",
+    for name in ("fern_engine_steps_total", "fern_engine_tokens_total", "fern_engine_loop_launched_steps_total",
+                 "fern_graph_eager_runs_total",
                  "fern_graph_captures_total", "fern_graph_replays_total",
                  "fern_graph_evictions_total", "fern_graph_uncacheable_total"):
         assert (name, frozenset(engine.items())) in samples
@@ -170,6 +171,7 @@ def test_embedding_moves_the_counters_by_what_was_embedded(metrics_sidecar):
         assert value(after, "fern_queue_tokens", model=model, lane=lane) == 0
     assert value(after, "fern_queue_high_water_tokens", model=model, lane="batch") >= batch_tokens
     assert value(after, "fern_engine_inflight_tokens", model=model, **engine) == 0
+    assert delta("fern_engine_loop_launched_steps_total", **engine) == 0  # a CPU engine computes in step()
 
 
 def test_other_paths_are_not_found_and_only_get_is_allowed(metrics_sidecar):

@@ -1207,10 +1207,13 @@ def test_a_query_the_loop_launches_and_collects_never_wakes_the_engine_thread():
             query = texts(ONLINE_MARK, n, 1)
             np.testing.assert_array_equal(await sched.embed(query, Lane.ONLINE), expected(query))
         assert _threads_of(engine, "step") == ["MainThread"] * 5
+        assert sched.stats().engines[0].loop_launches == 5
         assert wakes == []  # each wake-up would take the GIL from the loop mid-query
         batch = texts(BATCH_MARK, 0, 2)  # work for the thread still wakes it
         np.testing.assert_array_equal(await asyncio.wait_for(sched.embed(batch, Lane.BATCH), 5), expected(batch))
         assert "fern-engine-0" in wakes
+        stats = sched.stats().engines[0]
+        assert (stats.steps, stats.loop_launches) == (6, 5)
         await sched.drain()
 
     run(main())
