@@ -510,15 +510,11 @@ class Scheduler:
                        and not w.claimed and w.adopted is None and not w.loop_steps), None)
         if worker is None:
             return None
-        cfg = self.config
-        took = self._lanes[Lane.ONLINE].take(
-            cfg.max_step_tokens, cfg.max_step_sequences, time.monotonic(), oversize_ok=True
-        )
-        self._post(self._expire_locked(took.expired), room_freed=True)
-        if not took.chunks:
+        step = self._online_step_locked(worker, self.config.max_step_tokens)
+        if step is None:
             return None
         worker.claimed = True
-        return worker, self._new_step_locked(worker, took.chunks, took.tokens)
+        return worker, step
 
     def _launch_on_loop(self, worker: _Worker, step: _Step) -> None:
         """Prepare a claimed step here and launch it if that is cheap; then collect it here too.
@@ -674,7 +670,7 @@ class Scheduler:
         as possible; on a synchronous one (CPU, where step() computes) N is handed out
         first, or its callers would wait for N+1 as well.
         """
-        launch_first = worker.device.startswith("cuda")
+        launch_first = worker.launches_async
         in_flight: deque[tuple[_Step, Any]] = deque()
         while True:
             nxt = self._next_step(worker, in_flight=in_flight[-1][1] if in_flight else None)
@@ -859,19 +855,22 @@ class Scheduler:
         Only when `step` carries no online work: otherwise newer queries would overtake
         older ones, and they wait for `step`, which is short (an online step's budget).
         """
-        cfg = self.config
         with self._cond:
             if any(c.request.lane == Lane.ONLINE for c in step.chunks):
                 return None
             if not self._lanes[Lane.ONLINE].has_work():
                 return None
-            took = self._lanes[Lane.ONLINE].take(
-                cfg.online_step_tokens, cfg.max_step_sequences, time.monotonic(), oversize_ok=True
-            )
-            self._post(self._expire_locked(took.expired), room_freed=True)
-            if not took.chunks:
-                return None
-            return self._new_step_locked(worker, took.chunks, took.tokens)
+            return self._online_step_locked(worker, self.config.online_step_tokens)
+
+    def _online_step_locked(self, worker: _Worker, budget: int) -> _Step | None:
+        """A step of queued online work only, up to `budget` tokens; None if none is left (lock held)."""
+        took = self._lanes[Lane.ONLINE].take(
+            budget, self.config.max_step_sequences, time.monotonic(), oversize_ok=True
+        )
+        self._post(self._expire_locked(took.expired), room_freed=True)
+        if not took.chunks:
+            return None
+        return self._new_step_locked(worker, took.chunks, took.tokens)
 
     def _call(self, worker: _Worker, step: _Step, call: Any, *args: Any) -> Any:
         """Run an engine call for `step`; if it raises, fail the step's requests with that error."""
