@@ -84,34 +84,31 @@ def serve(port: int) -> None:
         server.wait_for_termination()
         return
 
-    wait = os.environ.get("FERN_FLOOR_WAIT")
-    if wait:
-        asyncio.run(_waiting_server(port, wait))
-        return
+    mode = os.environ.get("FERN_FLOOR_WAIT")
 
     async def main() -> None:
         from benchmarks.overhead import _bare_server  # the floor `benchmarks.overhead` measures too
 
-        server = await _bare_server(port, 1024, [])
+        server = await _bare_server(port, 1024, [], wait=_wait(mode) if mode else None)
         await server.wait_for_termination()
 
     asyncio.run(main())
 
 
-async def _waiting_server(port: int, wait: str) -> None:
-    """An aio server whose Embed answers WAIT_S after it is called: a thread (standing in for the
-    engine's) finishes the wait and wakes the loop, or the handler polls the time between loop
-    callbacks."""
+def _wait(mode: str):
+    """A coroutine function that returns WAIT_S after it is called: through a thread (standing in
+    for the engine's) that finishes the wait and wakes the loop, or by polling the time between
+    loop callbacks."""
+    if mode == "poll":
+        async def poll() -> None:
+            ready = time.perf_counter() + WAIT_S
+            while time.perf_counter() < ready:
+                await asyncio.sleep(0)
+        return poll
+
     import queue
     import threading
 
-    import grpc.aio
-    import numpy as np
-
-    from sidecar.wire import embedder_pb2 as pb
-    from sidecar.wire import embedder_pb2_grpc as pb_grpc
-
-    vectors = np.zeros((1, 1024), "<f4").tobytes()
     work: queue.SimpleQueue = queue.SimpleQueue()
 
     def waiter() -> None:
@@ -122,24 +119,11 @@ async def _waiting_server(port: int, wait: str) -> None:
 
     threading.Thread(target=waiter, daemon=True).start()
 
-    class Waiting(pb_grpc.EmbedderServicer):
-        async def Embed(self, request, context):
-            if wait == "thread":
-                future = asyncio.get_running_loop().create_future()
-                work.put((asyncio.get_running_loop(), future))
-                await future
-            else:
-                ready = time.perf_counter() + WAIT_S
-                while time.perf_counter() < ready:
-                    await asyncio.sleep(0)
-            return pb.EmbedResponse(model="bare", count=1, dimensions=1024, vectors=vectors,
-                                    token_counts=[len(request.texts[0])])
-
-    server = grpc.aio.server()
-    pb_grpc.add_EmbedderServicer_to_server(Waiting(), server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    await server.wait_for_termination()
+    async def through_thread() -> None:
+        future = asyncio.get_running_loop().create_future()
+        work.put((asyncio.get_running_loop(), future))
+        await future
+    return through_thread
 
 
 def client(port: int, iters: int) -> None:

@@ -63,7 +63,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import numpy as np
 
@@ -202,10 +202,12 @@ class _TimedHandle:
         return rows
 
 
-async def _bare_server(port: int, dimensions: int, loop_cpu: list[int]):
+async def _bare_server(port: int, dimensions: int, loop_cpu: list[int],
+                       wait: Callable[[], Awaitable[None]] | None = None):
     """The gRPC floor: an aio server whose Embed returns a ready response of the same size.
 
-    `loop_cpu` gets the event loop thread's CPU time at each call's start."""
+    `loop_cpu` gets the event loop thread's CPU time at each call's start; `wait`, if given,
+    is awaited before each reply (benchmarks/grpc_floor.py: what a wait costs a call)."""
     import grpc.aio
 
     from sidecar.wire import embedder_pb2 as pb
@@ -216,6 +218,8 @@ async def _bare_server(port: int, dimensions: int, loop_cpu: list[int]):
     class Bare(pb_grpc.EmbedderServicer):
         async def Embed(self, request, context):
             loop_cpu.append(time.thread_time_ns())
+            if wait is not None:
+                await wait()
             return pb.EmbedResponse(model="bare", count=1, dimensions=dimensions, vectors=vectors,
                                     token_counts=[len(request.texts[0])])
 
