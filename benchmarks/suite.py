@@ -284,18 +284,24 @@ def part_latency(ctx: Context) -> dict[str, Any]:
     return out
 
 
+def _sentence_transformer(ctx: Context, spec):
+    """The baseline model: sentence-transformers on the same weights, the same token limit, fp16 on CUDA."""
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(spec.path), device=ctx.device)
+    st.max_seq_length = spec.max_tokens
+    if ctx.device.startswith("cuda"):
+        st.half()
+    return st
+
+
 def _latency_st(ctx: Context, spec, tok: Tokenizer, lengths: list[int], iters: int) -> dict[str, Any]:
     """The baseline beside the engine rows: sentence-transformers `encode([text])` (fp16 on CUDA,
     tokenizing included) on the same weights and texts, one text per call."""
     try:
-        from sentence_transformers import SentenceTransformer
-
-        st = SentenceTransformer(str(spec.path), device=ctx.device)
+        st = _sentence_transformer(ctx, spec)
     except Exception as exc:  # noqa: BLE001 - not installed, or an architecture it cannot load
         return {"skipped": f"{type(exc).__name__}: {exc}"}
-    st.max_seq_length = spec.max_tokens
-    if ctx.device.startswith("cuda"):
-        st.half()
     out: dict[str, Any] = {"dtype": "float16" if ctx.device.startswith("cuda") else "float32"}
     for length in lengths:
         if length > spec.max_tokens:
@@ -511,8 +517,6 @@ def _fern_texts_to_vectors(engine, gateway: _Gateway, chunks: list[list[str]], a
 
 def part_compare(ctx: Context) -> dict[str, Any]:
     """Tokens/s, tokenization included, against sentence-transformers encode() at its best batch size."""
-    from sentence_transformers import SentenceTransformer
-
     plan = ctx.plan
     cuda = ctx.device.startswith("cuda")
     from sidecar.tokenize import TextTokenizer
@@ -523,10 +527,7 @@ def part_compare(ctx: Context) -> dict[str, Any]:
         # The product's tokenizer (ASCII twin, worker pool), the same in every Fern figure.
         gateway = _Gateway(TextTokenizer.for_spec(engine.spec))
         out["tokenizer_workers"] = gateway.tok.workers
-        st = SentenceTransformer(str(engine.spec.path), device=ctx.device)
-        st.max_seq_length = engine.spec.max_tokens
-        if cuda:
-            st.half()
+        st = _sentence_transformer(ctx, engine.spec)
         rows = {}
         try:
             for wl in plan.workloads:
