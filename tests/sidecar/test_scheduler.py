@@ -651,6 +651,27 @@ class JitteryEngine(GatedEngine):
         return handle
 
 
+async def _random_load(sched: Scheduler, rng: np.random.Generator, count: int, *, online_share: float,
+                       max_seqs: int, deadline_share: float, deadline_s: float, cancel_s: float,
+                       pause: Callable[[int], bool]) -> list[tuple[list[list[int]], asyncio.Task]]:
+    """`count` requests of random lane and size (BATCH ones wait for room), some with a deadline
+    within `deadline_s`, 15 % cancelled within `cancel_s`, with a short pause after request i
+    where `pause(i)`: (sequences, task) of each."""
+    jobs = []
+    for i in range(count):
+        lane = Lane.ONLINE if rng.random() < online_share else Lane.BATCH
+        mark = ONLINE_MARK if lane == Lane.ONLINE else BATCH_MARK
+        seqs = [[mark, i, k] + [3] * int(rng.integers(0, 20)) for k in range(int(rng.integers(1, max_seqs)))]
+        deadline = time.monotonic() + float(rng.uniform(0.001, deadline_s)) if rng.random() < deadline_share else None
+        task = asyncio.create_task(sched.embed(seqs, lane, deadline, wait=lane == Lane.BATCH))
+        jobs.append((seqs, task))
+        if rng.random() < 0.15:
+            asyncio.get_running_loop().call_later(float(rng.uniform(0, cancel_s)), task.cancel)
+        if pause(i):
+            await asyncio.sleep(float(rng.uniform(0, 0.003)))
+    return jobs
+
+
 def test_random_load_with_cancels_and_deadlines_leaves_nothing_behind():
     rng = np.random.default_rng(5)
 
@@ -659,18 +680,8 @@ def test_random_load_with_cancels_and_deadlines_leaves_nothing_behind():
         sched = Scheduler(engines, config(max_step_tokens=96, online_step_tokens=48,
                                           max_queued_tokens_batch=3000, max_queued_tokens_online=1500))
         await sched.start()
-        jobs = []
-        for i in range(400):
-            lane = Lane.ONLINE if rng.random() < 0.4 else Lane.BATCH
-            mark = ONLINE_MARK if lane == Lane.ONLINE else BATCH_MARK
-            seqs = [[mark, i, k] + [3] * int(rng.integers(0, 20)) for k in range(int(rng.integers(1, 10)))]
-            deadline = time.monotonic() + float(rng.uniform(0.001, 0.05)) if rng.random() < 0.2 else None
-            task = asyncio.create_task(sched.embed(seqs, lane, deadline, wait=lane == Lane.BATCH))
-            jobs.append((seqs, task))
-            if rng.random() < 0.15:
-                asyncio.get_running_loop().call_later(float(rng.uniform(0, 0.01)), task.cancel)
-            if i % 8 == 0:
-                await asyncio.sleep(float(rng.uniform(0, 0.003)))
+        jobs = await _random_load(sched, rng, 400, online_share=0.4, max_seqs=10, deadline_share=0.2,
+                                  deadline_s=0.05, cancel_s=0.01, pause=lambda i: i % 8 == 0)
         outcomes = {"done": 0, "cancelled": 0, "expired": 0, "full": 0}
         for seqs, task in jobs:
             try:
@@ -1144,18 +1155,9 @@ def test_launch_on_arrival_with_failing_engines_cancels_and_deadlines_settles_ev
                                         max_queued_tokens_batch=3000, max_queued_tokens_online=1500,
                                         online_poll_s=poll_s))
         await _started(sched)
-        jobs = []
-        for i in range(300):
-            lane = Lane.ONLINE if rng.random() < 0.6 else Lane.BATCH
-            mark = ONLINE_MARK if lane == Lane.ONLINE else BATCH_MARK
-            seqs = [[mark, i, k] + [3] * int(rng.integers(0, 20)) for k in range(int(rng.integers(1, 8)))]
-            deadline = time.monotonic() + float(rng.uniform(0.001, 0.03)) if rng.random() < 0.15 else None
-            task = asyncio.create_task(sched.embed(seqs, lane, deadline, wait=lane == Lane.BATCH))
-            jobs.append((seqs, task))
-            if rng.random() < 0.15:
-                asyncio.get_running_loop().call_later(float(rng.uniform(0, 0.005)), task.cancel)
-            if rng.random() < 0.5:  # gaps in which an engine goes idle: the loop launches
-                await asyncio.sleep(float(rng.uniform(0, 0.003)))
+        # Frequent pauses: gaps in which an engine goes idle, so the loop launches.
+        jobs = await _random_load(sched, rng, 300, online_share=0.6, max_seqs=8, deadline_share=0.15,
+                                  deadline_s=0.03, cancel_s=0.005, pause=lambda _: rng.random() < 0.5)
         done, pending = await asyncio.wait([task for _, task in jobs], timeout=15)
         assert not pending, f"{len(pending)} requests never settled"
         outcomes = {"done": 0, "cancelled": 0, "expired": 0, "failed": 0, "full": 0}
