@@ -31,6 +31,7 @@ if ls .gpu/jit.tar.xz.* >/dev/null 2>&1; then
   cat .gpu/jit.tar.xz.* | tar -C "$FLASHINFER_WORKSPACE_BASE" -xJf - && echo "restored FlashInfer JIT cache"
 fi
 export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache
+export TRITON_CACHE_DIR=$TORCHINDUCTOR_CACHE_DIR/triton  # Fern's own Triton kernels too, so they are carried
 mkdir -p "$TORCHINDUCTOR_CACHE_DIR"
 if ls .gpu/inductor.tar.xz.* >/dev/null 2>&1; then
   cat .gpu/inductor.tar.xz.* | tar -C "$TORCHINDUCTOR_CACHE_DIR" -xJf - && echo "restored torch.compile cache"
