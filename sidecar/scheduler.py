@@ -14,7 +14,8 @@ as it is admitted and, when its step would replay a captured graph, launched the
 engine's thread is not involved (eager steps and captures, milliseconds of host work, are
 left to it). The loop then waits for that step by polling it between its other callbacks
 instead of sleeping until a thread wakes it: on a VM each sleep/wake-up costs 0.1-0.3 ms.
-Work arriving while that step runs goes to the engine's thread, as for a busy engine.
+Work arriving while that step runs goes to the engine's thread, as for a busy engine: with
+several engines, only if no other is less loaded.
 Queues are bounded in tokens (QueueFull, or waiting for room on the stream path), and
 cancelled or expired work is dropped before it is sent to an engine. With several
 engines, an idle one takes new work before a busy one builds ahead (least-loaded first).
@@ -735,7 +736,9 @@ class Scheduler:
         is queued, return None at once to collect the step: a wait in `result()` sees it
         end sooner than polling would, and wakes no thread meanwhile. If queued work is
         left to a less loaded worker, return when this worker should take it after all or
-        its step is done (None), whichever comes first.
+        its step is done (None), whichever comes first. A step the loop launched here makes
+        the worker busy as well, though its thread, with nothing of its own in flight, waits
+        for work as an idle one: it takes the work once that step is done.
         """
         with self._cond:
             while True:
@@ -744,7 +747,7 @@ class Scheduler:
                     continue
                 if worker.adopted is not None:
                     return None  # _work collects it
-                idle = in_flight is None
+                idle = in_flight is None and not worker.loop_steps
                 if self._has_work_locked():
                     if idle or self._least_loaded_locked(worker):
                         step = self._compose_locked(worker)
@@ -753,10 +756,14 @@ class Scheduler:
                         if self._has_work_locked():
                             self._cond.notify()  # more than a step's worth: wake another idle worker
                         return step
-                    if self._finished(worker, in_flight):
+                    if in_flight is None:
+                        # Busy with the loop's step only: the wake-up that brought this thread
+                        # here may have been meant for an idle worker, so pass it on.
+                        self._cond.notify()
+                    elif self._finished(worker, in_flight):
                         return None
                     self._loads.wait(_POLL_S)
-                elif not idle or self._stopping:
+                elif in_flight is not None or self._stopping:
                     return None
                 else:
                     self._wait_idle_locked(worker)

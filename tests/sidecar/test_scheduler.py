@@ -1059,6 +1059,42 @@ def test_each_idle_engine_takes_a_query_from_the_loop_and_a_third_goes_to_an_eng
     run(main())
 
 
+def test_work_arriving_during_a_loop_step_goes_to_an_idle_engine_not_behind_that_step():
+    async def main():
+        fleet = [GatedEngine(name=f"cuda:{i}") for i in range(2)]
+        sched = Scheduler(fleet, config())
+        await _started(sched)
+        # A batch step keeps one engine's thread busy, so the query below is claimed for the other.
+        first = asyncio.create_task(sched.embed(texts(BATCH_MARK, 0, 2), Lane.BATCH))
+        await until(lambda: sum(len(e.stepped) for e in fleet) == 1)
+        free = next(e for e in fleet if e.stepped)
+        looped = next(e for e in fleet if not e.stepped)
+        online = texts(ONLINE_MARK, 0, 1)
+        query = asyncio.create_task(sched.embed(online, Lane.ONLINE))
+        await until(lambda: len(looped.stepped) == 1)
+        assert _threads_of(looped, "step") == ["MainThread"]
+        # The batch step ends: that engine is idle again. Its thread now waits for work behind
+        # the other engine's thread (waiting since the start), which the next wake-up reaches first.
+        free.release()
+        await asyncio.wait_for(first, 5)
+        await _engines_waiting(sched)
+        batch = texts(BATCH_MARK, 10, 2)
+        task = asyncio.create_task(sched.embed(batch, Lane.BATCH))
+        await until(lambda: sum(len(e.stepped) for e in fleet) == 3)
+        assert len(looped.prepared) == 1  # nothing was built behind the loop's step
+        assert free.stepped[-1] == [tuple(s) for s in batch]
+        assert _threads_of(free, "step")[-1] == f"fern-engine-{fleet.index(free)}"
+        free.release()
+        np.testing.assert_array_equal(await asyncio.wait_for(task, 5), expected(batch))
+        looped.release()
+        np.testing.assert_array_equal(await asyncio.wait_for(query, 5), expected(online))
+        await until(lambda: not sched._collecting)  # noqa: SLF001
+        _assert_idle(sched)
+        await asyncio.wait_for(sched.drain(), 5)
+
+    run(main())
+
+
 def test_a_query_larger_than_a_step_starts_on_the_loop_and_ends_on_the_engine_thread():
     async def main():
         engine = GatedEngine(name="cuda:fake")
