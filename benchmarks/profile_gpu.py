@@ -7,17 +7,11 @@
   each in TFLOP/s beside the 8192^3 bf16 peak measured in the same run. This is the
   roofline a packed step can reach: no model can beat the matmuls it is made of.
 - ``attention``: ``varlen_attn`` on full 512-token sequences for each model's head layout.
-- ``small_gemm``: each projection shape at 64, 128 and 256 tokens (the engine's few-token buckets), cuBLAS
-  (``F.linear``) against Fern's split-K Triton kernel (`core_engine.layers.small_linear`)
-  at the launch shape the engine picks and at the best of a sweep of launch shapes; each
-  timed as one CUDA graph of 24 calls on 24 different weights (a model's layers: the
-  weights come from HBM, not L2), per call; and one graph of 96 empty kernels, the cost of
-  a graph node on its own.
-- ``small``: batch-1 steps (one sequence of 16 / 128 tokens) under each of ``--small-modes``:
-  ``default`` (the engine as it serves), ``cublas`` (FERN_SMALL_LINEAR=0: every projection
-  on cuBLAS), ``max-autotune`` (a static-shape compile in which inductor times Triton
-  templates beside cuBLAS for each matmul shape): replay latency, kernel profile, compile
-  time, and the cosine of each mode's vectors to the first mode's.
+- ``small``: batch-1 steps (one sequence of 16 / 128 tokens) with the engine's default
+  compile (dynamic shapes; cuBLAS picks each matmul's kernel) against a static-shape
+  ``max-autotune`` compile (inductor times Triton templates beside cuBLAS for each matmul
+  shape and keeps the fastest): replay latency, kernel profile, compile time, and the
+  cosine between the two engines' vectors.
 - ``models``: for each model, throughput against texts per step (pipelined replays, 512
   tokens a text), batch-1 replay latency, and a kernel profile of one eager (compiled) step
   at the latency and throughput shapes: CUDA time by kernel class (gemm, attention,
@@ -171,89 +165,11 @@ def _profile_summary(profile: dict[str, Any], top: int = 6) -> dict[str, Any]:
     return {k: v for k, v in profile.items() if k != "top"} | {"top": profile["top"][:top]}
 
 
-def _graph_us_per_call(calls: list, reps: int = 20) -> float:
-    """Median time per call of `calls` recorded into one CUDA graph, in microseconds."""
-    for fn in calls:  # compile and warm outside the graph
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    return _cuda_ms(graph.replay, reps=reps) * 1e3 / len(calls)
-
-
-def _sweep_configs(m: int, k: int) -> list:
-    from core_engine.layers.small_linear import Config
-
-    bms = [16] if m <= 16 else [32, 64] if m <= 64 else [32, 64, 128]
-    out = []
-    for bm in bms:
-        for bn in (32, 64, 128):
-            for bk in (64, 128):
-                for split in (1, 2, 4, 8, 16):
-                    if k // split >= bk and not (bm == 128 and bn == 128):
-                        out.append(Config(bm, bn, bk, split))
-    return out
-
-
-def part_small_gemm(models: list[str], token_counts: list[int], layers: int = 24) -> dict[str, Any]:
-    """cuBLAS against the split-K kernel (picked and best swept launch shape) per projection shape, in graphs."""
-    from core_engine.layers import small_linear as sl
-
-    if not sl.kernel_ok(torch.device("cuda")):
-        return {"error": "the small-linear kernel failed its check (see the log)"}
-    flag = torch.zeros(1, device="cuda")
-    out: dict[str, Any] = {"graph_node_us": _graph_us_per_call([lambda: flag.add_(1)] * 96)}
-    for name in models:
-        rows: dict[str, Any] = {}
-        for label, (k, n) in projection_shapes(name).items():
-            ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 for _ in range(layers)]
-            bs = [torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(layers)]
-            for m in token_counts:
-                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                ys = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(layers)]
-
-                def timed(cfg):
-                    return _graph_us_per_call([lambda w=w, b=b, y=y: sl.small_linear(x, w, b, cfg=cfg, out=y)
-                                               for w, b, y in zip(ws, bs, ys)])
-
-                want = F.linear(x.float(), ws[0].float(), bs[0].float())
-                picked = sl.pick_config(m, n, k)
-                got = sl.small_linear(x, ws[0], bs[0], cfg=picked).float()
-                row = {"cublas_us": _graph_us_per_call([lambda w=w, b=b: F.linear(x, w, b) for w, b in zip(ws, bs)]),
-                       "picked": list(picked), "picked_us": timed(picked),
-                       "max_abs_err_vs_fp32": float((got - want).abs().max()),
-                       "cublas_max_abs_err_vs_fp32": float((F.linear(x, ws[0], bs[0]).float() - want).abs().max())}
-                sweep = {}
-                for cfg in _sweep_configs(m, k):
-                    try:
-                        sweep[cfg] = timed(cfg)
-                    except Exception as exc:  # noqa: BLE001 - a launch shape Triton cannot build
-                        print(f"{name} {label} M={m} {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
-                best = sorted(sweep.items(), key=lambda kv: kv[1])[:5]
-                row["best"] = [[list(c), round(us, 2)] for c, us in best]
-                rows[f"{label} {k}->{n} M={m}"] = row
-                print(name, label, m, {k2: v for k2, v in row.items() if k2 != "best"}, row["best"][:2], flush=True)
-        out[name] = rows
-    return out
-
-
-# Modes of the `small` part: environment for the engine, and whether to compile statically with max-autotune.
-SMALL_MODES: dict[str, tuple[dict[str, str], bool]] = {
-    "default": ({}, False),
-    "cublas": ({"FERN_SMALL_LINEAR": "0"}, False),
-    "max-autotune": ({"FERN_SMALL_LINEAR": "0"}, True),
-}
-
-
-def part_small(models: list[str], models_dir: Path, token_counts: list[int], modes: list[str],
-               device: str = "cuda") -> dict[str, Any]:
-    """Batch-1 replay latency per model under each mode (see SMALL_MODES), with kernel profiles."""
+def part_small(models: list[str], models_dir: Path, token_counts: list[int], device: str = "cuda") -> dict[str, Any]:
+    """Batch-1 replay latency: default (dynamic) compile against a static max-autotune compile, per model."""
     import torch._dynamo
 
     from core_engine.engine import Engine
-    from core_engine.layers import small_linear
 
     out: dict[str, Any] = {}
     for name in models:
@@ -261,41 +177,24 @@ def part_small(models: list[str], models_dir: Path, token_counts: list[int], mod
         queries = {t: [list(range(1000, 1000 + t))] for t in token_counts}
         rows: dict[str, Any] = {str(t): {} for t in token_counts}
         vectors: dict[str, dict[int, torch.Tensor]] = {}
-        for mode in modes:
-            env, autotune = SMALL_MODES[mode]
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
-            small_linear.forget_checks()  # the kernel's switch is read at its first call
-            try:
-                torch._dynamo.reset()
-                engine = Engine(path, name=name, device=device, attention="varlen" if device == "cuda" else "auto",
-                                compile=not autotune)
-                if autotune:
-                    engine._forward_model = torch.compile(engine.model, dynamic=False,
-                                                          mode="max-autotune-no-cudagraphs")
-                    engine.compiled = True
-                vectors[mode] = {}
-                for t, q in queries.items():
-                    started = time.perf_counter()
-                    vectors[mode][t] = torch.from_numpy(engine.embed(q))  # eager step: compiles this shape
-                    first = time.perf_counter() - started
-                    rows[str(t)][mode] = {"first_step_s": round(first, 2),
-                                          "replay_ms": _replay_ms(engine, q, reps=200),
-                                          "profile": _profile_summary(_profile_eager(engine, q))
-                                          if device == "cuda" else None}
-                del engine
-                torch.cuda.empty_cache()
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-                small_linear.forget_checks()
+        for mode in ("default", "max-autotune"):
+            torch._dynamo.reset()
+            engine = Engine(path, name=name, device=device, attention="varlen" if device == "cuda" else "auto",
+                            compile=mode == "default")
+            if mode != "default":
+                engine._forward_model = torch.compile(engine.model, dynamic=False, mode="max-autotune-no-cudagraphs")
+                engine.compiled = True
+            vectors[mode] = {}
+            for t, q in queries.items():
+                started = time.perf_counter()
+                vectors[mode][t] = torch.from_numpy(engine.embed(q))  # eager step: compiles this shape
+                first = time.perf_counter() - started
+                rows[str(t)][mode] = {"first_step_s": round(first, 2), "replay_ms": _replay_ms(engine, q, reps=200),
+                                      "profile": _profile_summary(_profile_eager(engine, q)) if device == "cuda" else None}
+            del engine
+            torch.cuda.empty_cache()
         for t in token_counts:
-            for mode in modes[1:]:
-                rows[str(t)][f"cosine_{mode}_vs_{modes[0]}"] = float(
-                    F.cosine_similarity(vectors[modes[0]][t], vectors[mode][t], dim=1).min())
+            rows[str(t)]["cosine"] = float(F.cosine_similarity(vectors["default"][t], vectors["max-autotune"][t], dim=1).min())
         out[name] = rows
         print(json.dumps({name: {t: {m: (r if not isinstance(r, dict) else {k: v for k, v in r.items() if k != "profile"})
                                     for m, r in row.items()} for t, row in rows.items()}}, indent=1), flush=True)
@@ -396,10 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-step", type=int, nargs="+", default=[16, 32, 64, 128])
     p.add_argument("--tag", default="h200")
     p.add_argument("--small-tokens", type=int, nargs="+", default=[16, 128])
-    p.add_argument("--small-gemm-rows", type=int, nargs="+", default=[64, 128, 256])
-    p.add_argument("--small-modes", nargs="+", default=["default", "cublas"], choices=list(SMALL_MODES))
-    p.add_argument("--skip", nargs="*", default=[],
-                   choices=["gemm", "small_gemm", "attention_32x512", "small", "models"])
+    p.add_argument("--skip", nargs="*", default=[], choices=["gemm", "attention_32x512", "small", "models"])
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("profile_gpu needs a CUDA GPU", file=sys.stderr)
@@ -416,9 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     archs = list(dict.fromkeys(m.partition("+")[0] for m in args.models))
     parts = {"gemm": lambda: part_gemm(archs, [128, 8192, 16384, 32768]),
-             "small_gemm": lambda: part_small_gemm(archs, args.small_gemm_rows),
              "attention_32x512": lambda: part_attention(archs, 32, 512),
-             "small": lambda: part_small(archs, Path(args.models_dir), args.small_tokens, args.small_modes),
+             "small": lambda: part_small(archs, Path(args.models_dir), args.small_tokens),
              "models": lambda: part_models(args.models, Path(args.models_dir), args.per_step, peak)}
     for part, run in parts.items():
         if part in args.skip:
@@ -428,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - keep the other parts' figures
             traceback.print_exc()
             result[part] = {"error": f"{type(exc).__name__}: {exc}"}
-        if part not in ("small_gemm", "small", "models"):
+        if part not in ("small", "models"):
             print(json.dumps({part: result[part]}, indent=1), flush=True)
     out = Path(args.out) / f"profile-{args.tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -327,14 +327,10 @@ class Engine:
             self.step(batch).result()
 
     def _compile_warmup(self) -> None:
-        """Compile before serving: eager passes of a few shapes settle the dynamic-shape code.
-
-        The first two are few-token steps (buckets of 64 and 256 tokens), whose projections run
-        the split-K kernel and compile its variants now rather than at a first query.
-        """
+        """Compile before serving: two eager passes of different shapes settle the dynamic-shape code."""
         started = time.perf_counter()
         longest = min(self.spec.max_tokens, 256)
-        for seqs in ([[0] * 8], [[0] * min(self.spec.max_tokens, 200)], [[0] * longest] * 3):
+        for seqs in ([[0] * 8], [[0] * longest] * 3):
             batch = self.prepare(seqs)
             with torch.inference_mode(), torch.cuda.device(self.device):
                 for name in self.attention.candidates:

@@ -1,25 +1,9 @@
-"""The models' projections: Linear (cuBLAS, or the split-K kernel for few-token steps), fused QKV, weight stacking."""
+"""Fused projections: one matmul for Q, K and V, split into per-head views after; weight stacking helper."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-
-from core_engine.layers.small_linear import linear
-
-
-class Linear(nn.Linear):
-    """nn.Linear (same parameters, same state-dict keys) whose CUDA forward is the `fern::linear` op.
-
-    That op runs few-token steps (a batch-1 query) on the split-K kernel and larger ones on
-    cuBLAS; see `core_engine.layers.small_linear`. On the CPU it is plain `F.linear`.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not x.is_cuda or x.dim() != 2:
-            return F.linear(x, self.weight, self.bias)
-        return linear(x, self.weight, self.bias, False)
 
 
 class QKVLinear(nn.Module):
@@ -34,7 +18,7 @@ class QKVLinear(nn.Module):
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.proj = Linear(hidden, (num_heads + 2 * num_kv_heads) * head_dim, bias=bias)
+        self.proj = nn.Linear(hidden, (num_heads + 2 * num_kv_heads) * head_dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         qkv = self.proj(x)

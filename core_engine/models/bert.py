@@ -16,7 +16,7 @@ from torch import nn
 
 from core_engine.attention.base import AttentionBackend, AttentionMetadata
 from core_engine.config import ModelSpec
-from core_engine.layers.linear import Linear, QKVLinear, fuse_rows
+from core_engine.layers.linear import QKVLinear, fuse_rows
 from core_engine.layers.mlp import DenseMLP
 from core_engine.layers.norm import LayerNorm
 from core_engine.pooling import POOLERS
@@ -31,7 +31,7 @@ class BertLayer(nn.Module):
         heads = cfg["num_attention_heads"]
         eps = cfg.get("layer_norm_eps", 1e-12)
         self.qkv = QKVLinear(hidden, heads, heads, hidden // heads, bias=True)
-        self.out = Linear(hidden, hidden)
+        self.out = nn.Linear(hidden, hidden)
         self.attn_norm = LayerNorm(hidden, eps=eps)
         self.mlp = DenseMLP(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "gelu"))
         self.mlp_norm = LayerNorm(hidden, eps=eps)

@@ -16,7 +16,7 @@ from torch import nn
 
 from core_engine.attention.base import AttentionBackend, AttentionMetadata
 from core_engine.config import ModelSpec
-from core_engine.layers.linear import Linear, fuse_rows
+from core_engine.layers.linear import fuse_rows
 from core_engine.layers.mlp import SwiGLU
 from core_engine.layers.norm import RMSNorm
 from core_engine.layers.qk_norm_rope import qk_norm_rope
@@ -47,9 +47,9 @@ class Qwen3Layer(nn.Module):
         bias = bool(cfg.get("attention_bias", False))
         self.heads, self.kv_heads, self.head_dim, self.eps = heads, kv_heads, head_dim, eps
         self.input_norm = RMSNorm(hidden, eps)
-        self.qkv = Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=bias)
+        self.qkv = nn.Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=bias)
         self.qk_norm_weight = nn.Parameter(torch.ones(heads + kv_heads, head_dim))
-        self.out = Linear(heads * head_dim, hidden, bias=bias)
+        self.out = nn.Linear(heads * head_dim, hidden, bias=bias)
         self.post_norm = RMSNorm(hidden, eps)
         self.mlp = SwiGLU(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu"))
         self.attention = attention

@@ -245,98 +245,19 @@ def test_spec_errors_for_missing_files(tmp_path: Path) -> None:
         load_spec(tmp_path / "empty")
 
 
-@pytest.mark.parametrize("gelu", [False, True])
-def test_linear_op_matches_linear_then_gelu_also_under_compile(gelu):
-    # The CUDA path's op: on the CPU it is the torch formula, so this checks its plumbing
-    # (schema, optional bias, fake implementation under torch.compile) against the two steps.
-    from core_engine.layers.small_linear import linear
+def test_linear_gelu_op_matches_linear_then_gelu_also_under_compile():
+    # The CUDA fast path's op: on the CPU it is exact, so this checks its plumbing (schema,
+    # fake implementation under torch.compile) against the plain two-step computation.
+    from core_engine.layers.mlp import linear_gelu
 
     torch.manual_seed(0)
     x, w, b = torch.randn(7, 16), torch.randn(48, 16), torch.randn(48)
-    for bias in (b, None):
-        expected = torch.nn.functional.linear(x, w, bias)
-        if gelu:
-            expected = torch.nn.functional.gelu(expected, approximate="tanh")
-        with torch.inference_mode():
-            torch.testing.assert_close(linear(x, w, bias, gelu), expected)
-            compiled = torch.compile(lambda t, bias=bias: linear(t, w, bias, gelu), dynamic=True)
-            torch.testing.assert_close(compiled(x), expected)
-            torch.testing.assert_close(compiled(x[:3]), expected[:3])
-
-
-def test_linear_module_keeps_nn_linear_parameters_and_cpu_result():
-    from core_engine.layers.linear import Linear
-
-    torch.manual_seed(0)
-    plain = torch.nn.Linear(16, 24)
-    ours = Linear(16, 24)
-    ours.load_state_dict(plain.state_dict())
-    assert list(ours.state_dict()) == ["weight", "bias"]
-    x = torch.randn(5, 16)
-    torch.testing.assert_close(ours(x), plain(x))
-
-
-@pytest.mark.parametrize("m,n,k", [(1, 384, 384), (16, 3072, 1024), (128, 1024, 4096), (128, 6144, 1024),
-                                   (256, 768, 3072), (37, 200, 1000)])
-def test_small_linear_launch_shape_covers_the_gpu_and_fits_its_workspace(m, n, k):
-    from core_engine.layers import small_linear as sl
-
-    cfg = sl.pick_config(m, n, k)
-    tiles = sl.triton_cdiv(m, cfg.bm) * sl.triton_cdiv(n, cfg.bn)
-    assert cfg.bm >= min(m, 16) and cfg.split >= 1
-    # Each split keeps at least two K steps; splitting stops once there are blocks for every SM twice over.
-    assert k // cfg.split >= 2 * cfg.bk or cfg.split == 1
-    assert cfg.split == 1 or tiles * cfg.split // 2 < 264
-    assert sl.workspace_floats(m, n, cfg) <= sl._WORKSPACE_FLOATS
-    assert tiles <= sl._COUNTERS
-
-
-def test_small_linear_kernel_can_be_switched_off(monkeypatch):
-    from core_engine.layers import small_linear as sl
-
-    monkeypatch.setenv("FERN_SMALL_LINEAR", "0")
-    assert sl._check(torch.device("cpu")) is False
-
-
-_SMALL_LINEAR_INTERPRET_CHECK = r"""
-import torch
-from core_engine.layers import small_linear as m
-torch.manual_seed(0)
-cases = [(7, 96, 64, False, None), (37, 200, 1024, True, None), (128, 384, 4096, False, None),
-         (5, 70, 300, True, m.Config(16, 32, 64, 4)), (40, 130, 500, False, m.Config(32, 64, 64, 3))]
-for rows, n, k, gelu, cfg in cases:
-    x, w, b = torch.randn(rows, k), torch.randn(n, k) / k ** 0.5, torch.randn(n)
-    for bias in (b, None):
-        want = m.reference(x, w, bias, gelu)
-        for _ in range(2):  # a second launch finds the tile counters back at zero
-            torch.testing.assert_close(m.small_linear(x, w, bias, gelu, cfg=cfg), want, rtol=1e-5, atol=1e-5)
-        assert not m._scratch(x.device).counters.any()
-    wide = torch.randn(rows, k + 8)[:, :k]  # rows with a stride, as a slice of a wider tensor
-    torch.testing.assert_close(m.small_linear(wide, w, b, gelu, cfg=cfg), m.reference(wide, w, b, gelu),
-                               rtol=1e-5, atol=1e-5)
-print("ok")
-"""
-
-
-def _run_in_triton_interpreter(script: str) -> None:
-    """Run `script` under Triton's CPU interpreter (float32); skip where Triton is not installed."""
-    import importlib.util
-    import os
-    import subprocess
-    import sys
-
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("Triton is not installed")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
-
-
-def test_small_linear_kernel_matches_torch_in_interpreter():
-    # The CUDA kernel's arithmetic and indexing (tiles, K splits, the last block's sum, bias,
-    # GELU, the counters set back to zero), run by Triton's CPU interpreter against torch.
-    _run_in_triton_interpreter(_SMALL_LINEAR_INTERPRET_CHECK)
+    expected = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b))
+    with torch.inference_mode():
+        torch.testing.assert_close(linear_gelu(x, w, b), expected)
+        compiled = torch.compile(lambda t: linear_gelu(t, w, b), dynamic=True)
+        torch.testing.assert_close(compiled(x), expected)
+        torch.testing.assert_close(compiled(x[:3]), expected[:3])
 
 
 _TRITON_INTERPRET_CHECK = r"""
@@ -362,7 +283,17 @@ def test_qk_norm_rope_triton_kernel_matches_torch_formula_in_interpreter():
     # The CUDA kernel's arithmetic and indexing (strided rows, halves, per-head weight), run by
     # Triton's CPU interpreter in float32 against the torch formula. Needs Triton installed
     # (it is on GPU hosts; the CPU install has none, and the engine then uses the formula).
-    _run_in_triton_interpreter(_TRITON_INTERPRET_CHECK)
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", _TRITON_INTERPRET_CHECK], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
 def test_qk_norm_rope_op_on_cpu_is_the_torch_formula_under_compile():
