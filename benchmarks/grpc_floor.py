@@ -7,20 +7,31 @@ client (as FernClient) in another subprocess. Variants differ in environment set
 that gRPC reads at start (`GRPC_EXPERIMENTS`, `GRPC_POLL_STRATEGY`), set in both processes.
 No engine, no tokenizer: what is left is gRPC's own cost, the floor under any end-to-end
 figure of the sidecar.
+
+The "uv ..." variants bisect the sidecar's excess over that floor, on uvloop with fern's
+settings and a 384-float response: the bare server plus one sidecar ingredient at a time
+(FERN_FLOOR_ADD: server options, health and reflection servicers, the loaded Registry's
+threads in the process), the whole Sidecar answering with the bare handler, a handler that
+waits (polled, or for a thread) as long as the sidecar's does, and the sidecar itself on the
+stand-in engine of `benchmarks.overhead --engine-us`. `--rounds N` runs the chosen variants N
+times, interleaved, and reports each p50 and their median.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 _NO_EE = "-event_engine_client,-event_engine_listener"
 # name: (environment of both processes, of the server only, of the client only). FERN_FLOOR_LATE
@@ -46,6 +57,39 @@ VARIANTS: dict[str, tuple[dict[str, str], dict[str, str], dict[str, str]]] = {
         {}, {"GRPC_EXPERIMENTS": _NO_EE, "FERN_FLOOR_WAIT": "poll"}, {"GRPC_EXPERIMENTS": "-event_engine_client"}),
 }
 WAIT_S = 0.001
+# What FERN_FLOOR_ADD may add to the bare server, one sidecar ingredient at a time: its server
+# options, its health and reflection servicers, the loaded and started Registry (engine threads,
+# scheduler, tokenizer pool) in the same process; with FERN_FLOOR_SERVER=sidecar, "bare-handler"
+# keeps the whole sidecar but answers Embed as the bare server does.
+INGREDIENTS = ("options", "health", "reflection", "registry", "bare-handler")
+# The bisection of the sidecar's excess over the bare floor (`--only` these, `--rounds` 3): all on
+# uvloop with fern's settings and MiniLM's 384-float response, as `benchmarks.overhead --loop uvloop`.
+_UV = {"GRPC_EXPERIMENTS": _NO_EE, "FERN_FLOOR_LOOP": "uvloop", "FERN_FLOOR_DIMENSIONS": "384"}
+_CLIENT = {"GRPC_EXPERIMENTS": "-event_engine_client"}
+VARIANTS.update({
+    "uv bare": ({}, _UV, _CLIENT),
+    "uv bare + options": ({}, {**_UV, "FERN_FLOOR_ADD": "options"}, _CLIENT),
+    "uv bare + health + reflection": ({}, {**_UV, "FERN_FLOOR_ADD": "health,reflection"}, _CLIENT),
+    "uv bare + registry": ({}, {**_UV, "FERN_FLOOR_ADD": "registry"}, _CLIENT),
+    "uv sidecar, bare handler": ({}, {**_UV, "FERN_FLOOR_SERVER": "sidecar", "FERN_FLOOR_ADD": "bare-handler"},
+                                 _CLIENT),
+    "uv bare, polls 1 ms": ({}, {**_UV, "FERN_FLOOR_WAIT": "poll"}, _CLIENT),
+    "uv bare, waits 1 ms on a thread": ({}, {**_UV, "FERN_FLOOR_WAIT": "thread"}, _CLIENT),
+    "uv bare, polls 1.3 ms": ({}, {**_UV, "FERN_FLOOR_WAIT": "poll", "FERN_FLOOR_WAIT_US": "1300"}, _CLIENT),
+    "uv bare + registry, polls 1.3 ms": (
+        {}, {**_UV, "FERN_FLOOR_ADD": "registry", "FERN_FLOOR_WAIT": "poll", "FERN_FLOOR_WAIT_US": "1300"}, _CLIENT),
+    "uv sidecar, bare handler, polls 1.3 ms": (
+        {}, {**_UV, "FERN_FLOOR_SERVER": "sidecar", "FERN_FLOOR_ADD": "bare-handler", "FERN_FLOOR_WAIT": "poll",
+             "FERN_FLOOR_WAIT_US": "1300"}, _CLIENT),
+    "uv sidecar, engine 1 ms": ({}, {**_UV, "FERN_FLOOR_SERVER": "sidecar"}, _CLIENT),
+    "uv sidecar, engine 1 ms, no loop poll": (
+        {}, {**_UV, "FERN_FLOOR_SERVER": "sidecar", "FERN_ONLINE_POLL_MS": "0"}, _CLIENT),
+})
+
+
+def _wait_s() -> float:
+    """The handler's wait: WAIT_S, or FERN_FLOOR_WAIT_US (as long as the sidecar's whole handler)."""
+    return int(os.environ.get("FERN_FLOOR_WAIT_US", WAIT_S * 1e6)) / 1e6
 
 
 def _late_settings() -> None:
@@ -85,14 +129,74 @@ def serve(port: int) -> None:
         return
 
     mode = os.environ.get("FERN_FLOOR_WAIT")
+    dimensions = int(os.environ.get("FERN_FLOOR_DIMENSIONS", "1024"))
+    adds = set(filter(None, os.environ.get("FERN_FLOOR_ADD", "").split(",")))
+    unknown = adds - set(INGREDIENTS)
+    if unknown:
+        raise SystemExit(f"FERN_FLOOR_ADD: unknown ingredient(s) {sorted(unknown)}; known: {INGREDIENTS}")
 
     async def main() -> None:
         from benchmarks.overhead import _bare_server  # the floor `benchmarks.overhead` measures too
 
-        server = await _bare_server(port, 1024, [], wait=_wait(mode) if mode else None)
-        await server.wait_for_termination()
+        if os.environ.get("FERN_FLOOR_SERVER") == "sidecar":
+            await _sidecar(port, dimensions, adds, _wait(mode) if mode else None)
+            return
+        registry = None
+        if "registry" in adds:  # the sidecar's engines, schedulers and tokenizer threads, idle
+            from benchmarks.overhead import stand_in_registry
 
-    asyncio.run(main())
+            registry = await stand_in_registry(None, "cpu", 1000)
+            await registry.start()
+        server = await _bare_server(port, dimensions, [], wait=_wait(mode) if mode else None,
+                                    options=_sidecar_options() if "options" in adds else (),
+                                    setup=functools.partial(_add_servicers, adds))
+        await server.wait_for_termination()
+        if registry is not None:
+            await registry.drain()
+
+    if os.environ.get("FERN_FLOOR_LOOP") == "uvloop":
+        import uvloop
+
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
+
+
+def _sidecar_options() -> list[tuple[str, int]]:
+    from sidecar.server import MAX_MESSAGE_BYTES
+
+    return [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.so_reuseport", 0)]
+
+
+def _add_servicers(adds: set[str], server) -> None:
+    """The servicers Sidecar.start() registers beside Embedder, as `adds` names them."""
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection
+
+    from sidecar.server import SERVICE_NAME
+
+    if "health" in adds:
+        health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+    if "reflection" in adds:
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME), server)
+
+
+async def _sidecar(port: int, dimensions: int, adds: set[str], wait) -> None:
+    """The sidecar `fern serve` runs, on the stand-in engine (FERN_FLOOR_ENGINE_US, default 1,000 us);
+    with "bare-handler" in `adds`, its Embed is the bare server's handler (`dimensions` floats,
+    awaiting `wait` first)."""
+    from benchmarks.overhead import _bare_embed, stand_in_registry
+    from sidecar.server import Sidecar
+
+    registry = await stand_in_registry(None, "cpu", int(os.environ.get("FERN_FLOOR_ENGINE_US", "1000")))
+    sidecar = Sidecar(registry, host="127.0.0.1", port=port)
+    if "bare-handler" in adds:
+        sidecar.service.Embed = _bare_embed(dimensions, [], wait)
+    await sidecar.start()
+    await sidecar.wait_stopped()
 
 
 def _wait(mode: str):
@@ -100,11 +204,9 @@ def _wait(mode: str):
     for the engine's) that finishes the wait and wakes the loop, or by polling the time between
     loop callbacks."""
     if mode == "poll":
-        async def poll() -> None:
-            ready = time.perf_counter() + WAIT_S
-            while time.perf_counter() < ready:
-                await asyncio.sleep(0)
-        return poll
+        from benchmarks.overhead import polling_wait
+
+        return polling_wait(_wait_s())
 
     import queue
     import threading
@@ -114,7 +216,7 @@ def _wait(mode: str):
     def waiter() -> None:
         while True:
             loop, future = work.get()
-            time.sleep(WAIT_S)
+            time.sleep(_wait_s())
             loop.call_soon_threadsafe(future.set_result, None)
 
     threading.Thread(target=waiter, daemon=True).start()
@@ -155,11 +257,29 @@ def client(port: int, iters: int) -> None:
     print(json.dumps(percentiles(samples, "us")))
 
 
+def _measure(env: tuple[dict[str, str], dict[str, str], dict[str, str]], iters: int) -> dict:
+    """One variant: its server in a subprocess, `iters` timed calls from a client subprocess."""
+    both, server_env, client_env = env
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "benchmarks.grpc_floor", "--serve", str(port)],
+                              env={**os.environ, **both, **server_env})
+    try:
+        out = subprocess.run([sys.executable, "-m", "benchmarks.grpc_floor", "--client", str(port),
+                              "--iters", str(iters)], env={**os.environ, **both, **client_env},
+                             capture_output=True, text=True, timeout=120)
+        return json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {
+            "error": out.stderr[-500:]}
+    finally:
+        server.kill()
+        server.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.grpc_floor", description=__doc__.splitlines()[0])
     p.add_argument("--iters", type=int, default=2000)
     p.add_argument("--out", default=None, help="JSON file (default: print only)")
     p.add_argument("--only", nargs="+", default=None, metavar="VARIANT", help="run only these variants")
+    p.add_argument("--rounds", type=int, default=1, help="run the variants this many times, interleaved")
     p.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--client", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -171,26 +291,23 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from benchmarks.pg_common import machine
 
-    results = {}
-    for name, (both, server_env, client_env) in VARIANTS.items():
-        if args.only and name not in args.only:
-            continue
-        port = _free_port()
-        server = subprocess.Popen([sys.executable, "-m", "benchmarks.grpc_floor", "--serve", str(port)],
-                                  env={**os.environ, **both, **server_env})
-        try:
-            out = subprocess.run([sys.executable, "-m", "benchmarks.grpc_floor", "--client", str(port),
-                                  "--iters", str(args.iters)], env={**os.environ, **both, **client_env},
-                                 capture_output=True, text=True, timeout=120)
-            results[name] = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {
-                "error": out.stderr[-500:]}
-        finally:
-            server.kill()
-            server.wait()
-        print(name, results[name], flush=True)
+    names = [name for name in VARIANTS if not args.only or name in args.only]
+    unknown = set(args.only or ()) - set(VARIANTS)
+    if unknown:
+        raise SystemExit(f"--only: unknown variant(s) {sorted(unknown)}")
+    rounds: dict[str, list[dict]] = {name: [] for name in names}
+    for _ in range(args.rounds):  # each round runs every variant once: load drifts hit all alike
+        for name in names:
+            rounds[name].append(_measure(VARIANTS[name], args.iters))
+            print(name, rounds[name][-1], flush=True)
+    results: dict[str, Any] = {name: runs[0] for name, runs in rounds.items()} if args.rounds == 1 else {
+        name: {"p50_us_per_round": [r.get("p50_us") for r in runs],
+               "p50_us_median": statistics.median(r["p50_us"] for r in runs if "p50_us" in r),
+               "rounds": runs}
+        for name, runs in rounds.items()}
     doc = {"command": "python -m benchmarks.grpc_floor " + " ".join(argv if argv is not None else sys.argv[1:]),
            "machine": machine(), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "env": VARIANTS, "round_trip": results}
+           "env": {name: VARIANTS[name] for name in names}, "round_trip": results}
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=1))
     return 0

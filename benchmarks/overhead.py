@@ -30,7 +30,13 @@ call's start to the next one's, minus the engine calls' own thread CPU time; `lo
 the event loop thread's CPU time per request (gRPC aio's Python side, gateway,
 tokenization, scheduler calls), to be read beside `bare_loop_cpu`, the same for the bare
 server. `bare_grpc` is the floor: a round trip to an aio server (own process) whose
-Embed returns a ready response of the same size.
+Embed returns a ready response of the same size. `bare_stages` splits its round trips as
+the sidecar's are (grpc_in, handler, grpc_out). On a VM gRPC's own stages grow with the
+time the handler takes (wake-ups from idle cost more after a longer wait: measured on the
+2-core KVM box, a 1.3 ms handler adds ~120 µs to grpc_in and ~40 to grpc_out, with no
+sidecar code involved), so the sidecar's grpc_in/grpc_out are to be read beside a floor
+whose handler takes as long: `--bare-wait-us N` makes the bare Embed poll N µs before it
+answers, as the sidecar's loop polls its step.
 
 After the interleaved part, each length also runs `--iters` engine calls, then bare
 calls, then sidecar calls back to back (`back_to_back`), as `fern bench`'s latency part
@@ -63,7 +69,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 import numpy as np
 
@@ -202,32 +208,83 @@ class _TimedHandle:
         return rows
 
 
-async def _bare_server(port: int, dimensions: int, loop_cpu: list[int],
-                       wait: Callable[[], Awaitable[None]] | None = None):
-    """The gRPC floor: an aio server whose Embed returns a ready response of the same size.
+def _bare_embed(dimensions: int, loop_cpu: list[int], wait: Callable[[], Awaitable[None]] | None = None,
+                marks: list[tuple[int, int]] | None = None):
+    """The bare server's Embed handler: a ready response of `dimensions` float32s.
 
-    `loop_cpu` gets the event loop thread's CPU time at each call's start; `wait`, if given,
-    is awaited before each reply (benchmarks/grpc_floor.py: what a wait costs a call)."""
-    import grpc.aio
-
+    `marks`, if given, gets each call's (handler entered, handler returns) perf_counter_ns."""
     from sidecar.wire import embedder_pb2 as pb
-    from sidecar.wire import embedder_pb2_grpc as pb_grpc
 
     vectors = np.zeros((1, dimensions), "<f4").tobytes()
 
-    class Bare(pb_grpc.EmbedderServicer):
-        async def Embed(self, request, context):
-            loop_cpu.append(time.thread_time_ns())
-            if wait is not None:
-                await wait()
-            return pb.EmbedResponse(model="bare", count=1, dimensions=dimensions, vectors=vectors,
+    async def Embed(request, context):
+        entered = time.perf_counter_ns()
+        loop_cpu.append(time.thread_time_ns())
+        if wait is not None:
+            await wait()
+        response = pb.EmbedResponse(model="bare", count=1, dimensions=dimensions, vectors=vectors,
                                     token_counts=[len(request.texts[0])])
+        if marks is not None:
+            marks.append((entered, time.perf_counter_ns()))
+        return response
 
-    server = grpc.aio.server()
-    pb_grpc.add_EmbedderServicer_to_server(Bare(), server)
+    return Embed
+
+
+def polling_wait(seconds: float) -> Callable[[], Awaitable[None]]:
+    """A wait of `seconds` that polls the clock between loop callbacks, as the sidecar's loop
+    polls a step it launched (Scheduler._collect_on_loop): the loop stays awake meanwhile."""
+    async def poll() -> None:
+        ready = time.perf_counter() + seconds
+        while time.perf_counter() < ready:
+            await asyncio.sleep(0)
+    return poll
+
+
+async def _bare_server(port: int, dimensions: int, loop_cpu: list[int],
+                       wait: Callable[[], Awaitable[None]] | None = None, *,
+                       options: Sequence[tuple[str, Any]] = (),
+                       setup: Callable[[Any], None] | None = None,
+                       marks: list[tuple[int, int]] | None = None):
+    """The gRPC floor: an aio server whose Embed returns a ready response of the same size.
+
+    `loop_cpu` gets the event loop thread's CPU time at each call's start; `wait`, if given,
+    is awaited before each reply (benchmarks/grpc_floor.py: what a wait costs a call);
+    `options` and `setup` (called with the server before it starts) add the sidecar's server
+    options and servicers one at a time (grpc_floor's bisection variants)."""
+    import grpc.aio
+
+    from sidecar.wire import embedder_pb2_grpc as pb_grpc
+
+    class Bare(pb_grpc.EmbedderServicer):
+        pass
+
+    bare = Bare()
+    bare.Embed = _bare_embed(dimensions, loop_cpu, wait, marks)
+    server = grpc.aio.server(options=list(options))
+    pb_grpc.add_EmbedderServicer_to_server(bare, server)
+    if setup is not None:
+        setup(server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     return server
+
+
+async def stand_in_registry(model: str | None, device: str, engine_us: int):
+    """The Registry `fern serve` loads; with `engine_us`, its engines' forward pass is the stand-in."""
+    from sidecar.registry import ModelSource, Registry
+
+    registry = await asyncio.to_thread(Registry.load, [ModelSource(Path(model) if model else None)],
+                                       device=device)
+    if engine_us:
+        for served in registry:
+            for engine in served.engines:
+                _stand_in_forward(engine, engine_us / 1e6)
+            # The stand-in's step() returns before its result is ready, as a GPU step does:
+            # the scheduler treats it as the asynchronous engine it stands in for.
+            for worker in served.scheduler._workers:
+                worker.device = "cuda:stand-in"
+    return registry
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -235,7 +292,6 @@ async def serve(args: argparse.Namespace) -> None:
 
     With --bare, only the bare gRPC floor server (its own process, so that the sidecar
     process's CPU time counts the sidecar's requests alone)."""
-    from sidecar.registry import ModelSource, Registry
     from sidecar.server import Sidecar
 
     stop = asyncio.Event()
@@ -243,21 +299,14 @@ async def serve(args: argparse.Namespace) -> None:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     if args.bare:
         loop_cpu: list[int] = []
-        bare = await _bare_server(args.port, args.dimensions, loop_cpu)
+        marks: list[tuple[int, int]] = []
+        wait = polling_wait(args.bare_wait_us / 1e6) if args.bare_wait_us else None
+        bare = await _bare_server(args.port, args.dimensions, loop_cpu, wait, marks=marks)
         await stop.wait()
         await bare.stop(0)
-        Path(args.trace).write_text(json.dumps({"loop_cpu": loop_cpu}))
+        Path(args.trace).write_text(json.dumps({"loop_cpu": loop_cpu, "marks": marks}))
         return
-    source = ModelSource(Path(args.model) if args.model else None)
-    registry = await asyncio.to_thread(Registry.load, [source], device=args.device)
-    if args.engine_us:
-        for served in registry:
-            for engine in served.engines:
-                _stand_in_forward(engine, args.engine_us / 1e6)
-            # The stand-in's step() returns before its result is ready, as a GPU step does:
-            # the scheduler treats it as the asynchronous engine it stands in for.
-            for worker in served.scheduler._workers:
-                worker.device = "cuda:stand-in"
+    registry = await stand_in_registry(args.model, args.device, args.engine_us)
     sidecar = Sidecar(registry, host="127.0.0.1", port=args.port, token=args.token)
     trace = Trace()
     if not args.no_trace:
@@ -285,7 +334,7 @@ def _start_server(args: argparse.Namespace, trace_path: Path, log_path: Path, *,
     command = [sys.executable, "-m", "benchmarks.overhead", "--serve", "--port", str(port),
                "--trace", str(trace_path), "--device", args.device]
     if bare_dimensions:
-        command += ["--bare", "--dimensions", str(bare_dimensions)]
+        command += ["--bare", "--dimensions", str(bare_dimensions), "--bare-wait-us", str(args.bare_wait_us)]
     if args.model:
         command += ["--model", args.model]
     if args.token:
@@ -361,6 +410,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     bare_ns: dict[int, list[int]] = {n: [] for n in args.lengths}
     bare_plan: list[tuple[int, int]] = []  # (length, index of the bare call, readiness probes excluded)
     bare_calls = 0
+    bare_sends: list[tuple[int, int]] = []  # every bare call, warm-up included, in order
+    bare_b2b_plan: list[tuple[int, int]] = []
     # Back to back (no interleaving: the sidecar stays warm, as in `fern bench`'s latency part).
     b2b: dict[int, dict[str, list[int]]] = {n: {"engine": [], "bare": [], "e2e": []} for n in args.lengths}
     b2b_plan: list[tuple[int, int]] = []
@@ -373,7 +424,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 tokens[length] = len(ids[0])
                 for i in range(args.warmup):
                     engine.embed([ids[i % 8]])
+                    t0 = clock()
                     bare.embed([texts[i % 8]])
+                    bare_sends.append((t0, clock()))
                     bare_calls += 1
                     t0 = clock()
                     client.embed([texts[i % 8]])
@@ -388,7 +441,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         elif which == 2:
                             t0 = clock()
                             bare.embed([texts[i % 8]])
-                            bare_ns[length].append(clock() - t0)
+                            t1 = clock()
+                            bare_sends.append((t0, t1))
+                            bare_ns[length].append(t1 - t0)
                             bare_plan.append((length, bare_calls))
                             bare_calls += 1
                         else:
@@ -405,7 +460,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for i in range(args.iters):
                     t0 = clock()
                     bare.embed([texts[i % 8]])
-                    b2b[length]["bare"].append(clock() - t0)
+                    t1 = clock()
+                    bare_sends.append((t0, t1))
+                    b2b[length]["bare"].append(t1 - t0)
+                    bare_b2b_plan.append((length, bare_calls))
                     bare_calls += 1
                 for i in range(args.iters):
                     t0 = clock()
@@ -420,7 +478,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         process.wait(timeout=60)
         bare_process.wait(timeout=60)
     trace = json.loads(trace_path.read_text()) if trace_path.exists() and not args.no_trace else None
-    bare_cpu = json.loads(bare_trace_path.read_text())["loop_cpu"]
+    bare_trace = json.loads(bare_trace_path.read_text())
+    bare_cpu = bare_trace["loop_cpu"]
+    bare_marks = bare_trace["marks"][len(bare_trace["marks"]) - bare_calls:]  # readiness probes first
     results: dict[str, Any] = {}
     for length in args.lengths:
         entry: dict[str, Any] = {
@@ -439,6 +499,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cycles = [bare_cpu[offset + k + 1] - bare_cpu[offset + k] for n, k in bare_plan
                   if n == length and offset + k + 1 < len(bare_cpu)]
         entry["bare_loop_cpu"] = _percentiles(cycles)
+        entry["bare_stages"] = _bare_stages(bare_marks, bare_sends, [k for n, k in bare_plan if n == length])
         if trace is not None:
             entry.update(_stages(trace, sends, [k for n, k in plan if n == length]))
         warm = {k: _percentiles(v) for k, v in b2b[length].items()}
@@ -446,6 +507,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                  - np.median(b2b[length]["engine"])) / 1e3, 1)
         if trace is not None:
             warm.update(_stages(trace, sends, [k for n, k in b2b_plan if n == length]))
+        warm["bare_stages"] = _bare_stages(bare_marks, bare_sends, [k for n, k in bare_b2b_plan if n == length])
         entry["back_to_back"] = warm
         results[str(length)] = entry
     return {
@@ -463,6 +525,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "server_grpc_experiments": args.server_grpc,
         "client_grpc_experiments": os.environ.get("GRPC_EXPERIMENTS", ""),
         "iters": args.iters,
+        "bare_wait_us": args.bare_wait_us,
         "checkpoint_ns": _wrapper_cost_ns(),
         "lengths": results,
     }
@@ -472,6 +535,21 @@ def _ids(engine, texts: list[str]) -> list[list[int]]:
     from sidecar.tokenize import TextTokenizer
 
     return TextTokenizer.for_spec(engine.spec, workers=1).encode(texts)
+
+
+def _bare_stages(marks: list[list[int]], sends: list[tuple[int, int]], measured: list[int]) -> dict[str, Any]:
+    """The bare calls' round trips split as the sidecar's are: grpc_in, handler, grpc_out."""
+    if len(marks) != len(sends):
+        return {"stages_error": f"{len(marks)} bare calls traced, {len(sends)} sent"}
+    split: dict[str, list[int]] = {"grpc_in": [], "handler": [], "grpc_out": []}
+    for k in measured:
+        (t0, t1), (h0, h1) = sends[k], marks[k]
+        if not t0 <= h0 <= h1 <= t1:
+            return {"stages_error": f"bare call {k} does not nest in its client call: clocks differ?"}
+        split["grpc_in"].append(h0 - t0)
+        split["handler"].append(h1 - h0)
+        split["grpc_out"].append(t1 - h1)
+    return {k: _percentiles(v) for k, v in split.items()}
 
 
 def _stages(trace: dict[str, Any], sends: list[tuple[int, int]], measured: list[int]) -> dict[str, Any]:
@@ -523,6 +601,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-grpc", default=SERVER_GRPC_EXPERIMENTS,
                    help="GRPC_EXPERIMENTS of both servers (default: fern serve's own setting); the "
                         "client takes this process's GRPC_EXPERIMENTS")
+    p.add_argument("--bare-wait-us", type=int, default=0,
+                   help="the bare server's Embed polls this long before it answers, as the sidecar's loop "
+                        "polls its step: gRPC's own stages grow with the handler's time on a VM")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--trace", default=None, help=argparse.SUPPRESS)
@@ -545,12 +626,15 @@ def main(argv: list[str] | None = None) -> int:
                           "diff_p50_us": v["e2e_minus_engine_p50_us"],
                           "bare_grpc_p50_us": v["bare_grpc"]["p50_us"],
                           "bare_loop_cpu_p50_us": v["bare_loop_cpu"]["p50_us"],
+                          "bare_stages_p50_us": {s: x.get("p50_us") for s, x in v["bare_stages"].items()},
                           "fern_over_floor_p50_us": v["e2e_minus_engine_minus_bare_p50_us"],
                           "stages_p50_us": {s: x["p50_us"] for s, x in v.get("stages", {}).items()},
                           "back_to_back_p50_us": {
                               "e2e": v["back_to_back"]["e2e"]["p50_us"],
                               "engine": v["back_to_back"]["engine"]["p50_us"],
                               "bare": v["back_to_back"]["bare"]["p50_us"],
+                              "bare_stages": {s: x.get("p50_us")
+                                              for s, x in v["back_to_back"]["bare_stages"].items()},
                               "stages": {s: x["p50_us"]
                                          for s, x in v["back_to_back"].get("stages", {}).items()}}}
                       for k, v in result["lengths"].items()}, indent=1))
