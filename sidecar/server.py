@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -47,6 +48,13 @@ STREAM_WINDOW = 64
 # a few ahead keeps the GPU fed from a single stream; a full lane stops further reads.
 STREAM_PREFETCH = 4
 DEFAULT_GRACE_S = 30.0
+# After a unary Embed call ends, the event loop keeps polling (stays awake) this long instead of
+# sleeping in epoll, so that the next query, if it comes meanwhile, does not pay a wake-up from
+# idle: on the 2-core KVM CI box that wake-up put ~120 µs on gRPC's receive side of a query that
+# follows a ~1.3 ms call (benchmarks/grpc_floor.py, overhead.py --bare-wait-us; back-to-back
+# bare calls, a few hundred µs apart, never sleep long enough to pay it). It costs at most this
+# much loop CPU per call and none while idle. 0 turns it off. Env FERN_AWAKE_AFTER_CALL_MS.
+AWAKE_AFTER_CALL_S = float(os.environ.get("FERN_AWAKE_AFTER_CALL_MS", "1")) / 1e3
 
 _ENCODINGS = {pb.ENCODING_FLOAT32: "float32", pb.ENCODING_FLOAT16: "float16",
               pb.ENCODING_INT8: "int8", pb.ENCODING_BINARY: "binary"}
@@ -137,14 +145,18 @@ class EmbedderService(pb_grpc.EmbedderServicer):
     """fern.v1.Embedder on top of a Gateway."""
 
     def __init__(self, gateway: Gateway, *, stream_window: int = STREAM_WINDOW,
-                 stream_prefetch: int = STREAM_PREFETCH) -> None:
+                 stream_prefetch: int = STREAM_PREFETCH,
+                 awake_after_call_s: float = AWAKE_AFTER_CALL_S) -> None:
         self.gateway = gateway
         self.stream_window = stream_window
         self.stream_prefetch = stream_prefetch
+        self.awake_after_call_s = awake_after_call_s
         self._active = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._draining = asyncio.Event()
+        self._awake_until = 0.0
+        self._awake: asyncio.Task | None = None
 
     @contextlib.contextmanager
     def _tracked(self):
@@ -189,6 +201,36 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             self._active -= 1
             if self._active == 0:
                 self._idle.set()
+            if self.awake_after_call_s > 0:
+                self._stay_awake()
+
+    def _stay_awake(self) -> None:
+        """Keep the loop polling for `awake_after_call_s` from now (see AWAKE_AFTER_CALL_S)."""
+        self._awake_until = time.monotonic() + self.awake_after_call_s
+        if self._awake is None:
+            self._awake = asyncio.get_running_loop().create_task(self._poll_until_asleep())
+
+    async def _poll_until_asleep(self) -> None:
+        """Yield to the loop's other callbacks until `_awake_until`; while calls are running, their
+        own awaits decide whether the loop sleeps, and this task waits for them to end."""
+        try:
+            while True:
+                if self._active:
+                    await self._idle.wait()
+                elif time.monotonic() < self._awake_until:
+                    await asyncio.sleep(0)
+                else:
+                    return
+        finally:
+            self._awake = None
+
+    async def stop_awake(self) -> None:
+        """End the post-call polling now (on shutdown)."""
+        task, self._awake_until = self._awake, 0.0
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def EmbedStream(self, request_iterator: AsyncIterator[pb.EmbedRequest],
                           context: grpc.aio.ServicerContext) -> None:
@@ -331,18 +373,20 @@ class Sidecar:
     `port` 0 binds a free port (read `.port` after start). `token` turns on shared-secret
     auth. `extras` are other front ends sharing the gateway (objects with async
     start()/stop(), e.g. the Postgres-protocol endpoint); they start after the gRPC
-    server and stop first on drain.
+    server and stop first on drain. `awake_after_call_s`: see AWAKE_AFTER_CALL_S.
     """
 
     def __init__(self, registry: Registry, *, host: str = "127.0.0.1", port: int = 50051,
                  token: str | None = None, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 stream_window: int = STREAM_WINDOW, max_inputs: int | None = None) -> None:
+                 stream_window: int = STREAM_WINDOW, max_inputs: int | None = None,
+                 awake_after_call_s: float = AWAKE_AFTER_CALL_S) -> None:
         self.registry = registry
         self.host = host
         self.port = port
         self.token = token or None
         self.gateway = Gateway(registry) if max_inputs is None else Gateway(registry, max_inputs=max_inputs)
-        self.service = EmbedderService(self.gateway, stream_window=stream_window)
+        self.service = EmbedderService(self.gateway, stream_window=stream_window,
+                                       awake_after_call_s=awake_after_call_s)
         self.health = health.aio.HealthServicer()
         self.extras: list = []
         self._max_message_bytes = max_message_bytes
@@ -401,6 +445,7 @@ class Sidecar:
         if self._server is not None:
             # Calls still running now are cancelled, which drops their queued work.
             await self._server.stop(0)
+        await self.service.stop_awake()
         await self.registry.drain()
         self.registry.close()
         self._stopped.set()
