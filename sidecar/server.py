@@ -53,8 +53,25 @@ DEFAULT_GRACE_S = 30.0
 # idle: on the 2-core KVM CI box that wake-up put ~120 µs on gRPC's receive side of a query that
 # follows a ~1.3 ms call (benchmarks/grpc_floor.py, overhead.py --bare-wait-us; back-to-back
 # bare calls, a few hundred µs apart, never sleep long enough to pay it). It costs at most this
-# much loop CPU per call and none while idle. 0 turns it off. Env FERN_AWAKE_AFTER_CALL_MS.
-AWAKE_AFTER_CALL_S = float(os.environ.get("FERN_AWAKE_AFTER_CALL_MS", "1")) / 1e3
+# much loop CPU per call and none while idle. Only where the loop itself launches and collects
+# online steps (Scheduler.loop_collects_online): a polling loop keeps the GIL from the engine
+# threads, and where they collect the steps it cost ~450 µs a query instead (FERN_ONLINE_POLL_MS=0).
+# 0 turns it off. Env FERN_AWAKE_AFTER_CALL_MS.
+AWAKE_AFTER_CALL_S = 0.001
+
+
+def awake_after_call_from_env() -> float:
+    """AWAKE_AFTER_CALL_S, or FERN_AWAKE_AFTER_CALL_MS when set."""
+    text = os.environ.get("FERN_AWAKE_AFTER_CALL_MS")
+    if text is None:
+        return AWAKE_AFTER_CALL_S
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = -1.0
+    if not ms >= 0:
+        raise ValueError(f"FERN_AWAKE_AFTER_CALL_MS={text!r}: expected milliseconds >= 0 (0 turns it off)")
+    return ms / 1e3
 
 _ENCODINGS = {pb.ENCODING_FLOAT32: "float32", pb.ENCODING_FLOAT16: "float16",
               pb.ENCODING_INT8: "int8", pb.ENCODING_BINARY: "binary"}
@@ -146,11 +163,12 @@ class EmbedderService(pb_grpc.EmbedderServicer):
 
     def __init__(self, gateway: Gateway, *, stream_window: int = STREAM_WINDOW,
                  stream_prefetch: int = STREAM_PREFETCH,
-                 awake_after_call_s: float = AWAKE_AFTER_CALL_S) -> None:
+                 awake_after_call_s: float | None = None) -> None:
         self.gateway = gateway
         self.stream_window = stream_window
         self.stream_prefetch = stream_prefetch
-        self.awake_after_call_s = awake_after_call_s
+        self.awake_after_call_s = (awake_after_call_from_env() if awake_after_call_s is None
+                                   else awake_after_call_s)
         self._active = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -201,8 +219,11 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             self._active -= 1
             if self._active == 0:
                 self._idle.set()
-            if self.awake_after_call_s > 0:
+            if self.awake_after_call_s > 0 and self._loop_collects_online():
                 self._stay_awake()
+
+    def _loop_collects_online(self) -> bool:
+        return any(served.scheduler.loop_collects_online for served in self.gateway.registry)
 
     def _stay_awake(self) -> None:
         """Keep the loop polling for `awake_after_call_s` from now (see AWAKE_AFTER_CALL_S)."""
@@ -373,13 +394,14 @@ class Sidecar:
     `port` 0 binds a free port (read `.port` after start). `token` turns on shared-secret
     auth. `extras` are other front ends sharing the gateway (objects with async
     start()/stop(), e.g. the Postgres-protocol endpoint); they start after the gRPC
-    server and stop first on drain. `awake_after_call_s`: see AWAKE_AFTER_CALL_S.
+    server and stop first on drain. `awake_after_call_s`: see AWAKE_AFTER_CALL_S (None: the
+    environment's setting).
     """
 
     def __init__(self, registry: Registry, *, host: str = "127.0.0.1", port: int = 50051,
                  token: str | None = None, max_message_bytes: int = MAX_MESSAGE_BYTES,
                  stream_window: int = STREAM_WINDOW, max_inputs: int | None = None,
-                 awake_after_call_s: float = AWAKE_AFTER_CALL_S) -> None:
+                 awake_after_call_s: float | None = None) -> None:
         self.registry = registry
         self.host = host
         self.port = port
