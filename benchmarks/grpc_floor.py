@@ -82,8 +82,6 @@ VARIANTS.update({
         {}, {**_UV, "FERN_FLOOR_SERVER": "sidecar", "FERN_FLOOR_ADD": "bare-handler", "FERN_FLOOR_WAIT": "poll",
              "FERN_FLOOR_WAIT_US": "1300"}, _CLIENT),
     "uv sidecar, engine 1 ms": ({}, {**_UV, "FERN_FLOOR_SERVER": "sidecar"}, _CLIENT),
-    "uv sidecar, engine 1 ms, not awake after call": (
-        {}, {**_UV, "FERN_FLOOR_SERVER": "sidecar", "FERN_AWAKE_AFTER_CALL_MS": "0"}, _CLIENT),
     "uv sidecar, engine 1 ms, no loop poll": (
         {}, {**_UV, "FERN_FLOOR_SERVER": "sidecar", "FERN_ONLINE_POLL_MS": "0"}, _CLIENT),
 })

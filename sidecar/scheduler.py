@@ -371,14 +371,6 @@ class Scheduler:
             if timer is not None:
                 timer.cancel()
 
-    @property
-    def loop_collects_online(self) -> bool:
-        """Whether an online query's step is launched and collected by the event loop itself (an
-        asynchronous engine, launch on arrival, `online_poll_s` > 0): between queries, then, no
-        thread of this scheduler waits to run Python code, which a polling loop would delay."""
-        return (self.config.launch_on_arrival and self.config.online_poll_s > 0
-                and any(w.launches_async for w in self._workers))
-
     async def wait_for_room(self, lane: Lane, tokens: int) -> None:
         """Return once `tokens` more fit in `lane`'s queue (stream flow control).
 

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -48,30 +47,6 @@ STREAM_WINDOW = 64
 # a few ahead keeps the GPU fed from a single stream; a full lane stops further reads.
 STREAM_PREFETCH = 4
 DEFAULT_GRACE_S = 30.0
-# After a unary Embed call ends, the event loop keeps polling (stays awake) this long instead of
-# sleeping in epoll, so that the next query, if it comes meanwhile, does not pay a wake-up from
-# idle: on the 2-core KVM CI box that wake-up put ~120 µs on gRPC's receive side of a query that
-# follows a ~1.3 ms call (benchmarks/grpc_floor.py, overhead.py --bare-wait-us; back-to-back
-# bare calls, a few hundred µs apart, never sleep long enough to pay it). It costs at most this
-# much loop CPU per call and none while idle. Only where the loop itself launches and collects
-# online steps (Scheduler.loop_collects_online): a polling loop keeps the GIL from the engine
-# threads, and where they collect the steps it cost ~450 µs a query instead (FERN_ONLINE_POLL_MS=0).
-# 0 turns it off. Env FERN_AWAKE_AFTER_CALL_MS.
-AWAKE_AFTER_CALL_S = 0.001
-
-
-def awake_after_call_from_env() -> float:
-    """AWAKE_AFTER_CALL_S, or FERN_AWAKE_AFTER_CALL_MS when set."""
-    text = os.environ.get("FERN_AWAKE_AFTER_CALL_MS")
-    if text is None:
-        return AWAKE_AFTER_CALL_S
-    try:
-        ms = float(text)
-    except ValueError:
-        ms = -1.0
-    if not ms >= 0:
-        raise ValueError(f"FERN_AWAKE_AFTER_CALL_MS={text!r}: expected milliseconds >= 0 (0 turns it off)")
-    return ms / 1e3
 
 _ENCODINGS = {pb.ENCODING_FLOAT32: "float32", pb.ENCODING_FLOAT16: "float16",
               pb.ENCODING_INT8: "int8", pb.ENCODING_BINARY: "binary"}
@@ -162,19 +137,14 @@ class EmbedderService(pb_grpc.EmbedderServicer):
     """fern.v1.Embedder on top of a Gateway."""
 
     def __init__(self, gateway: Gateway, *, stream_window: int = STREAM_WINDOW,
-                 stream_prefetch: int = STREAM_PREFETCH,
-                 awake_after_call_s: float | None = None) -> None:
+                 stream_prefetch: int = STREAM_PREFETCH) -> None:
         self.gateway = gateway
         self.stream_window = stream_window
         self.stream_prefetch = stream_prefetch
-        self.awake_after_call_s = (awake_after_call_from_env() if awake_after_call_s is None
-                                   else awake_after_call_s)
         self._active = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._draining = asyncio.Event()
-        self._awake_until = 0.0
-        self._awake: asyncio.Task | None = None
 
     @contextlib.contextmanager
     def _tracked(self):
@@ -219,39 +189,6 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             self._active -= 1
             if self._active == 0:
                 self._idle.set()
-            if self.awake_after_call_s > 0 and self._loop_collects_online():
-                self._stay_awake()
-
-    def _loop_collects_online(self) -> bool:
-        return any(served.scheduler.loop_collects_online for served in self.gateway.registry)
-
-    def _stay_awake(self) -> None:
-        """Keep the loop polling for `awake_after_call_s` from now (see AWAKE_AFTER_CALL_S)."""
-        self._awake_until = time.monotonic() + self.awake_after_call_s
-        if self._awake is None:
-            self._awake = asyncio.get_running_loop().create_task(self._poll_until_asleep())
-
-    async def _poll_until_asleep(self) -> None:
-        """Yield to the loop's other callbacks until `_awake_until`; while calls are running, their
-        own awaits decide whether the loop sleeps, and this task waits for them to end."""
-        try:
-            while True:
-                if self._active:
-                    await self._idle.wait()
-                elif time.monotonic() < self._awake_until:
-                    await asyncio.sleep(0)
-                else:
-                    return
-        finally:
-            self._awake = None
-
-    async def stop_awake(self) -> None:
-        """End the post-call polling now (on shutdown)."""
-        task, self._awake_until = self._awake, 0.0
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     async def EmbedStream(self, request_iterator: AsyncIterator[pb.EmbedRequest],
                           context: grpc.aio.ServicerContext) -> None:
@@ -394,21 +331,18 @@ class Sidecar:
     `port` 0 binds a free port (read `.port` after start). `token` turns on shared-secret
     auth. `extras` are other front ends sharing the gateway (objects with async
     start()/stop(), e.g. the Postgres-protocol endpoint); they start after the gRPC
-    server and stop first on drain. `awake_after_call_s`: see AWAKE_AFTER_CALL_S (None: the
-    environment's setting).
+    server and stop first on drain.
     """
 
     def __init__(self, registry: Registry, *, host: str = "127.0.0.1", port: int = 50051,
                  token: str | None = None, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 stream_window: int = STREAM_WINDOW, max_inputs: int | None = None,
-                 awake_after_call_s: float | None = None) -> None:
+                 stream_window: int = STREAM_WINDOW, max_inputs: int | None = None) -> None:
         self.registry = registry
         self.host = host
         self.port = port
         self.token = token or None
         self.gateway = Gateway(registry) if max_inputs is None else Gateway(registry, max_inputs=max_inputs)
-        self.service = EmbedderService(self.gateway, stream_window=stream_window,
-                                       awake_after_call_s=awake_after_call_s)
+        self.service = EmbedderService(self.gateway, stream_window=stream_window)
         self.health = health.aio.HealthServicer()
         self.extras: list = []
         self._max_message_bytes = max_message_bytes
@@ -467,7 +401,6 @@ class Sidecar:
         if self._server is not None:
             # Calls still running now are cancelled, which drops their queued work.
             await self._server.stop(0)
-        await self.service.stop_awake()
         await self.registry.drain()
         self.registry.close()
         self._stopped.set()
