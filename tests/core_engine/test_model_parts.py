@@ -328,3 +328,31 @@ def test_qk_norm_rope_kernel_can_be_switched_off(monkeypatch):
 
     monkeypatch.setenv("FERN_TRITON_KERNELS", "0")
     assert m._check(torch.device("cpu")) is False
+
+
+def test_varlen_attention_calls_the_flash_op_directly_with_the_packed_metadata():
+    # On CUDA the FlashAttention-2 op is called without varlen_attn's wrapper (which fills a
+    # zero rng-state tensor on the device per call: a kernel per layer). Its arguments are the
+    # packed layout's: cu_seqlens for both q and k, the graph key's max length, causal as the
+    # model says, no dropout; grouped K/V heads go in as they are.
+    from core_engine.attention.base import AttentionMetadata
+    from core_engine.attention.varlen import VarlenAttention
+
+    calls = []
+
+    def flash(*args):
+        calls.append(args)
+        return (torch.full((5, 4, 8), 7.0), "lse", "rng", "unused", "debug")
+
+    backend = VarlenAttention()
+    backend._flash = flash
+    q, k, v = torch.zeros(5, 4, 8), torch.zeros(5, 2, 8), torch.zeros(5, 2, 8)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    for causal in (False, True):
+        meta = AttentionMetadata(cu_seqlens=cu, max_seqlen=64, seq_ids=None, seq_lens=None, causal=causal,
+                                 cu_seqlens_cpu=cu)
+        out = backend(q, k, v, meta)
+        assert torch.equal(out, torch.full((5, 4, 8), 7.0))
+        args = calls[-1]
+        assert args[0] is q and args[1] is k and args[2] is v
+        assert args[3] is cu and args[4] is cu and args[5:] == (64, 64, 0.0, causal, False)
