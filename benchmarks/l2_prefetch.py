@@ -22,16 +22,14 @@ L2. This measures that before any engine change, on the BGE-M3 layer shapes:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.pg_common import machine
+from benchmarks.pg_common import write_result
 from benchmarks.provenance import code_identity
 
 
@@ -116,19 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         rows[str(m)] = runs
         print(m, {mode: [round(v * 1e3 / args.layers, 1) for v in t] for mode, t in runs.items()},
               "µs per layer", flush=True)
-    result = {
-        "command": "python -m benchmarks.l2_prefetch " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": machine(), "device_name": torch.cuda.get_device_name(0), "torch": torch.__version__,
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **code_identity(),
+    write_result("l2_prefetch", argv, {
+        "device_name": torch.cuda.get_device_name(0), "torch": torch.__version__, **code_identity(),
         "unit": "ms per replay of the whole graph (all layers); one entry per round",
         "layers": args.layers, "hidden": args.hidden, "intermediate": args.intermediate, "rows": rows,
-    }
-    out = Path(args.out) / f"l2-prefetch-{args.tag}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
+    }, Path(args.out) / f"l2-prefetch-{args.tag}.json")
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
