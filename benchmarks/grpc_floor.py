@@ -137,6 +137,7 @@ def serve(port: int) -> None:
 
     async def main() -> None:
         from benchmarks.overhead import _bare_server  # the floor `benchmarks.overhead` measures too
+        from sidecar.server import server_options
 
         if os.environ.get("FERN_FLOOR_SERVER") == "sidecar":
             await _sidecar(port, dimensions, adds, _wait(mode) if mode else None)
@@ -148,7 +149,7 @@ def serve(port: int) -> None:
             registry = await stand_in_registry(None, "cpu", 1000)
             await registry.start()
         server = await _bare_server(port, dimensions, [], wait=_wait(mode) if mode else None,
-                                    options=_sidecar_options() if "options" in adds else (),
+                                    options=server_options() if "options" in adds else (),
                                     setup=functools.partial(_add_servicers, adds))
         await server.wait_for_termination()
         if registry is not None:
@@ -162,26 +163,16 @@ def serve(port: int) -> None:
         asyncio.run(main())
 
 
-def _sidecar_options() -> list[tuple[str, int]]:
-    from sidecar.server import MAX_MESSAGE_BYTES
-
-    return [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.so_reuseport", 0)]
-
-
 def _add_servicers(adds: set[str], server) -> None:
     """The servicers Sidecar.start() registers beside Embedder, as `adds` names them."""
-    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-    from grpc_reflection.v1alpha import reflection
+    from grpc_health.v1 import health, health_pb2_grpc
 
-    from sidecar.server import SERVICE_NAME
+    from sidecar.server import enable_reflection
 
     if "health" in adds:
         health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
     if "reflection" in adds:
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME), server)
+        enable_reflection(server)
 
 
 async def _sidecar(port: int, dimensions: int, adds: set[str], wait) -> None:

@@ -325,6 +325,20 @@ def _denied(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
                 response_serializer=handler.response_serializer)
 
 
+def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    """The gRPC server options a Sidecar runs with (benchmarks/grpc_floor.py measures them alone)."""
+    return [("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.so_reuseport", 0)]
+
+
+def enable_reflection(server: grpc.aio.Server) -> None:
+    """Server reflection for the Embedder and Health services, as a Sidecar offers it."""
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME), server)
+
+
 class Sidecar:
     """The sidecar's gRPC face: `await Sidecar(registry).start()`, later `await stop()`.
 
@@ -359,15 +373,10 @@ class Sidecar:
         """Start the schedulers, bind and start the server, then report SERVING."""
         await self.registry.start()
         interceptors = [TokenAuth(self.token)] if self.token else []
-        options = [("grpc.max_send_message_length", self._max_message_bytes),
-                   ("grpc.max_receive_message_length", self._max_message_bytes),
-                   ("grpc.so_reuseport", 0)]
-        server = grpc.aio.server(interceptors=interceptors, options=options)
+        server = grpc.aio.server(interceptors=interceptors, options=server_options(self._max_message_bytes))
         pb_grpc.add_EmbedderServicer_to_server(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME), server)
+        enable_reflection(server)
         try:
             bound = server.add_insecure_port(self.target)
         except RuntimeError:  # grpc's "Failed to bind"
