@@ -17,7 +17,8 @@ import torch
 from core_engine.attention.base import AttentionMetadata, AttentionPlan
 from core_engine.attention.select import make_attention
 from core_engine.config import ModelSpec, load_spec
-from core_engine.graphs import Action, BucketConfig, CapturePolicy, GraphCache, GraphCounters, GraphKey, key_for
+from core_engine.graphs import (Action, BucketConfig, CapturePolicy, GraphCache, GraphCounters, GraphKey, key_for,
+                                prewarm_shapes)
 from core_engine.handle import EmbeddingHandle
 from core_engine.loader import build_model, default_model_dir
 
@@ -182,7 +183,9 @@ class Engine:
     "cpu"; `cuda_graphs=False` runs every step eagerly; `max_graphs` bounds the graphs kept
     (least recently used evicted); `eager_hits` is how many eager steps a shape gets before
     its capture; `max_step_tokens` sizes the static input buffer (larger steps run eagerly);
-    `prewarm` lists (tokens per sequence, sequences) shapes captured at start; `compile`
+    `prewarm` lists (tokens per sequence, sequences) shapes captured at start, or is a list
+    as `fern serve --prewarm` takes it ("queries", "128x1,512x32"; see graphs.prewarm_shapes);
+    without CUDA graphs there is nothing to capture and it is skipped; `compile`
     (default: on CUDA; env FERN_COMPILE) runs the model through torch.compile.
     """
 
@@ -199,7 +202,7 @@ class Engine:
         eager_hits: int = 1,
         max_step_tokens: int = 65536,
         buckets: BucketConfig | None = None,
-        prewarm: Sequence[tuple[int, int]] = (),
+        prewarm: Sequence[tuple[int, int]] | str = (),
         pad_to_buckets: bool | None = None,
         compile: bool | None = None,
     ) -> None:
@@ -208,6 +211,9 @@ class Engine:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.buckets = buckets or BucketConfig()
+        # A bad pre-warm list fails here, before the weights load.
+        shapes = prewarm_shapes(prewarm, self.spec.max_tokens, self.buckets) if isinstance(prewarm, str) \
+            else list(prewarm)
         if max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be >= 1, got {max_step_tokens}")
         self.max_step_tokens = max_step_tokens
@@ -252,7 +258,10 @@ class Engine:
             self.attention.choose(self)  # measured choice when attention="auto"; no-op when forced
             choose_seconds = time.perf_counter() - chosen
         prewarmed = time.perf_counter()
-        for length, count in prewarm:
+        self.prewarm = shapes if self.policy.max_graphs else []
+        if shapes and not self.prewarm:
+            log.info("%s: no CUDA graphs on %s, so nothing to pre-warm", self.spec.name, self.device)
+        for length, count in self.prewarm:
             self.warmup(length, count)
         self.load_seconds = time.perf_counter() - started
         # Where start-up went: spec, device and weights (the first CUDA use initializes the

@@ -63,6 +63,40 @@ def key_for(lengths: Iterable[int], buckets: BucketConfig) -> GraphKey:
                     max_seqlen=buckets.seqlen(longest, tokens))
 
 
+# `prewarm="queries"`: one sequence at every small token bucket up to this length (or the
+# model's limit): the shapes of single queries, each captured before the first one arrives.
+QUERY_PREWARM_TOKENS = 512
+
+
+def prewarm_shapes(text: str, max_tokens: int, buckets: BucketConfig) -> list[tuple[int, int]]:
+    """(tokens per sequence, sequences) shapes from a pre-warm list as `fern serve --prewarm` takes it.
+
+    "" or "none": nothing. "queries": one sequence at each small bucket up to QUERY_PREWARM_TOKENS
+    (or `max_tokens`). Otherwise comma-separated LENGTHxCOUNT items ("128x1,512x32"); "queries"
+    may be one of them. Errors name the item.
+    """
+    shapes: list[tuple[int, int]] = []
+    for item in (part.strip() for part in text.split(",")):
+        if item in ("", "none"):
+            continue
+        if item == "queries":
+            limit = min(max_tokens, QUERY_PREWARM_TOKENS)
+            lengths = list(range(buckets.small_step, limit + 1, buckets.small_step))
+            if not lengths or lengths[-1] != limit:
+                lengths.append(limit)
+            shapes += [(length, 1) for length in lengths]
+            continue
+        length, sep, count = item.partition("x")
+        if not (sep and length.isdigit() and count.isdigit()):
+            raise ValueError(f"prewarm: {item!r} is not LENGTHxCOUNT (tokens per sequence x sequences, "
+                             "e.g. 128x1) or 'queries'")
+        if not 1 <= int(length) <= max_tokens or int(count) < 1:
+            raise ValueError(f"prewarm: {item!r} needs 1 to {max_tokens} tokens per sequence (the model's "
+                             "limit) and at least one sequence")
+        shapes.append((int(length), int(count)))
+    return shapes
+
+
 class Action(enum.Enum):
     """What the engine does for one step of a given key."""
 

@@ -129,6 +129,11 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                         "query by 0.1-0.27 ms on the H200 host) or asyncio's (env FERN_LOOP)")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"),
                    help="logging level (env FERN_LOG_LEVEL; default %(default)s)")
+    p.add_argument("--prewarm", default=_env("PREWARM", ""),
+                   help="CUDA graphs to capture before serving, so that the first requests of these "
+                        "shapes do not pay an eager step and a capture: 'queries' (one text at each "
+                        "64-token bucket up to 512 tokens) and/or LENGTHxCOUNT items, comma-separated "
+                        "(env FERN_PREWARM; default: none, every shape is captured on its second use)")
 
 
 def _run_loop(main: Awaitable[int], loop: str) -> int:
@@ -264,7 +269,7 @@ def load_registry(args: argparse.Namespace, timings: dict[str, float] | None = N
     registry = Registry.load(sources, device=args.device, dtype=args.dtype, attention=args.attention,
                              cuda_graphs=not args.no_cuda_graphs,
                              scheduler_config=_scheduler_config(args),
-                             tokenizer_workers=args.tokenizer_workers)
+                             tokenizer_workers=args.tokenizer_workers, prewarm=getattr(args, "prewarm", ""))
     if timings is not None:
         timings.update(imports=imported - _STARTED, models=time.monotonic() - imported)
     return registry

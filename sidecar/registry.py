@@ -77,8 +77,11 @@ class Registry:
     def load(cls, sources: Sequence[ModelSource], *, device: str = "auto", dtype: str = "auto",
              attention: str = "auto", cuda_graphs: bool = True,
              scheduler_config: SchedulerConfig | Callable[[str], SchedulerConfig] | None = None,
-             tokenizer_workers: int | None = None) -> "Registry":
+             tokenizer_workers: int | None = None, prewarm: str = "") -> "Registry":
         """Build engines (one per device) and a scheduler for every model source.
+
+        `prewarm`: shapes each engine captures before serving ("queries", "128x1,512x32": see
+        core_engine.graphs.prewarm_shapes); "queries" follows each model's own token limit.
 
         `scheduler_config` is a SchedulerConfig, or a function of the device type ("cuda",
         "cpu") returning one, or None for SchedulerConfig.for_device's defaults.
@@ -91,7 +94,7 @@ class Registry:
         for source in sources or [ModelSource(None)]:
             path = source.path if source.path is not None else default_model_dir()
             engines = [Engine(path, name=source.name, device=d, dtype=dtype, attention=attention,
-                              cuda_graphs=cuda_graphs) for d in devices]
+                              cuda_graphs=cuda_graphs, prewarm=prewarm) for d in devices]
             spec = engines[0].spec
             config = scheduler_config(engines[0].device.type) if callable(scheduler_config) \
                 else scheduler_config or SchedulerConfig.for_device(engines[0].device.type)

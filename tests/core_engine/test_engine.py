@@ -141,6 +141,18 @@ def test_packing_positions_beyond_the_shared_range(padded_engine: Engine, monkey
     assert len(engine_module._ARANGE) >= 55
 
 
+def test_prewarm_fails_before_the_weights_load_and_is_skipped_without_graphs(monkeypatch) -> None:
+    engine = Engine(device="cpu", prewarm="queries,256x2")
+    assert engine.prewarm == [] and engine.counters.eager_runs == 0  # the CPU keeps no graphs
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(engine_module, "build_model", no_weights)
+    with pytest.raises(ValueError, match="prewarm: '300x1' needs 1 to 256 tokens"):
+        Engine(device="cpu", prewarm="300x1")
+
+
 def test_step_returns_a_finished_handle_on_cpu(engine: Engine, token_ids: list[list[int]]) -> None:
     before = engine.counters.eager_runs
     handle = engine.step(engine.prepare(token_ids[:2]))

@@ -232,6 +232,23 @@ def test_prewarm_captures_at_start_and_lru_bound_keeps_results_right(model_dirs:
         assert _cosines(engine.embed(seqs), ref)[0] >= 0.999
 
 
+def test_queries_prewarm_makes_a_first_query_of_any_length_replay(model_dirs: dict[str, Path],
+                                                                   references: dict[str, torch.nn.Module]) -> None:
+    """`fern serve --prewarm queries`: every single-text step up to 512 tokens replays from its first use."""
+    from core_engine.engine import Engine
+    from core_engine.graphs import prewarm_shapes
+
+    engine = Engine(model_dirs["bert"], device="cuda", prewarm="queries")
+    shapes = prewarm_shapes("queries", engine.spec.max_tokens, engine.buckets)
+    assert engine.prewarm == shapes and engine.counters.captures == len(shapes)
+    eager, replays = engine.counters.eager_runs, engine.counters.replays
+    for n, length in enumerate((3, 64, 65, 200, min(engine.spec.max_tokens, 512))):
+        seqs = _sequences(10 + n, [length])
+        ref = reference_pooled(references["bert"], seqs[0], TINY["bert"].pooling, False).numpy()[None]
+        assert _cosines(engine.embed(seqs), ref)[0] >= 0.999
+    assert engine.counters.eager_runs == eager and engine.counters.replays == replays + 5
+
+
 def test_auto_attention_measures_each_candidate(model_dirs: dict[str, Path]) -> None:
     from core_engine.engine import Engine
 

@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from core_engine.graphs import Action, BucketConfig, CapturePolicy, GraphCache, GraphKey, key_for
+from core_engine.graphs import Action, BucketConfig, CapturePolicy, GraphCache, GraphKey, key_for, prewarm_shapes
 
 
 def test_token_buckets_round_up_to_64_then_256() -> None:
@@ -237,3 +237,34 @@ def test_attention_selector_routes_by_shape_class_and_keeps_a_graph_on_its_backe
     assert sel.name == "a" and a.used == plan.state
     sel.release(large)
     assert a.released == [large] and b.released == [large]
+
+
+def test_prewarm_lists_parse_and_queries_follow_the_model_limit() -> None:
+    b = BucketConfig()
+    assert prewarm_shapes("", 512, b) == prewarm_shapes("none", 512, b) == []
+    assert prewarm_shapes("queries", 8192, b) == [(n, 1) for n in range(64, 513, 64)]
+    assert prewarm_shapes("queries", 256, b) == [(64, 1), (128, 1), (192, 1), (256, 1)]
+    assert prewarm_shapes("queries", 100, b) == [(64, 1), (100, 1)]
+    assert prewarm_shapes(" 128x1, 512x32 ", 512, b) == [(128, 1), (512, 32)]
+    assert prewarm_shapes("queries,256x4", 256, b)[-1] == (256, 4)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("12y3", "'12y3' is not LENGTHxCOUNT"),
+    ("x4", "'x4' is not LENGTHxCOUNT"),
+    ("128x", "'128x' is not LENGTHxCOUNT"),
+    ("600x1", "'600x1' needs 1 to 512 tokens"),
+    ("0x1", "'0x1' needs 1 to 512 tokens"),
+    ("128x0", "'128x0' needs 1 to 512 tokens per sequence .* at least one sequence"),
+])
+def test_bad_prewarm_items_are_named(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        prewarm_shapes(f"queries,{text}", 512, BucketConfig())
+
+
+def test_queries_prewarm_covers_every_single_text_up_to_512_tokens() -> None:
+    """Whatever one query's length, its step's graph key is one the "queries" list captured."""
+    b = BucketConfig()
+    warmed = {key_for([length] * count, b) for length, count in prewarm_shapes("queries", 512, b)}
+    assert len(warmed) == 8
+    assert {key_for([n], b) for n in range(1, 513)} == warmed

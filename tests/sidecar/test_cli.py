@@ -125,6 +125,14 @@ def test_serve_reports_a_port_in_use(fern_cmd):
     assert f"fern: could not bind 127.0.0.1:{port}" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_serve_reports_a_bad_prewarm_list_before_loading_weights(fern_cmd, monkeypatch):
+    monkeypatch.setenv("FERN_PREWARM", "queries")
+    assert cli.build_parser().parse_args(["serve"]).prewarm == "queries"
+    out = run(fern_cmd, "serve", "--port", "0", "--device", "cpu", "--prewarm", "queries,128by4")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "fern: prewarm: '128by4' is not LENGTHxCOUNT" in out.stderr
+
+
 def test_postgres_endpoint_needs_a_token(fern_cmd):
     out = run(fern_cmd, "serve", "--port", "0", "--pg-port", "0")
     assert out.returncode == 1 and "--pg-port needs --token" in out.stderr
