@@ -125,6 +125,13 @@ def test_serve_reports_a_port_in_use(fern_cmd):
     assert f"fern: could not bind 127.0.0.1:{port}" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_serve_freezes_its_start_up_heap_out_of_the_collector(sidecar_process):
+    """A full collection would walk ~300,000 start-up objects on the event loop (benchmarks/gc_pause.py)."""
+    line = next(l for l in sidecar_process.log().splitlines() if l.startswith("fern: serving"))
+    frozen = int(re.search(r"; ([\d,]+) start-up objects frozen out of the garbage collector\)", line)[1].replace(",", ""))
+    assert frozen > 100_000
+
+
 def test_serve_reports_a_bad_prewarm_list_before_loading_weights(fern_cmd, monkeypatch):
     monkeypatch.setenv("FERN_PREWARM", "queries")
     assert cli.build_parser().parse_args(["serve"]).prewarm == "queries"
