@@ -114,8 +114,8 @@ def _regions(buf: torch.Tensor | np.ndarray, key: GraphKey) -> tuple:
 # larger ones with numpy's whole-array operations. A query (one sequence) is the case that
 # matters: its packing is on the path of every online request, where the dozen whole-array
 # calls cost more in per-call overhead than the few slices. On the 2-core CI machine
-# (`python -m benchmarks.pack_bench`): 1 x 128 tokens 9.8 against 21.8 us, 2 x 128 15.2
-# against 21.5, even at 4-8 sequences, whole-array ahead from 16.
+# (`python -m benchmarks.pack_bench`, results/pack-cpu.json): 1 x 128 tokens 6.3 against
+# 11.9 us, 2 x 128 9.4 against 14.3, about even at 4-8 sequences, whole-array ahead from 16.
 SLICED_PACK_SEQS = 2
 
 _ARANGE = np.arange(4096, dtype=np.int64)
