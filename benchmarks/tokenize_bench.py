@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 WORKLOADS = (("queries", 8, 24, 20000), ("passages", 64, 256, 6000), ("long", 384, 512, 2000))
 # One-text rows: (name, tokens a text, special tokens included); 200 texts each at --scale 1.
-SINGLE = (("query16", 16), ("query128", 128))
+SINGLE = (("query16", 16), ("query128", 128), ("passage512", 512))
 SINGLE_TEXTS = 200
 
 

@@ -64,9 +64,14 @@ SLICE_TEXTS = 256
 
 
 # A query this small tokenizes in tens of microseconds, less than the hop to a worker
-# thread and back (~0.3 ms measured on a busy 2-core host): it is done on the loop.
+# thread and back (~0.3 ms measured on a busy 2-core host): it is done on the loop, from the
+# chunk memo. 4,096 characters hold one 512-token passage (English runs 4-5 characters a
+# token): from the memo 92 us against 489 us through Rust on the 2-core CI machine, and 662 us
+# on the loop when every chunk is new (`benchmarks/tokenize_bench.py --single-only
+# --max-tokens 512`, passage512; results/tokenize-single-cpu-stop13.json). At 2,048 such a
+# passage went to a worker, through Rust.
 INLINE_TEXTS = 4
-INLINE_CHARS = 2048
+INLINE_CHARS = 4096
 
 # On ASCII, BertNormalizer's clean-up removes control characters other than tab and line
 # breaks (which the pre-tokenizer splits on like spaces); a text with one takes the full path.
