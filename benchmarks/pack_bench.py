@@ -56,9 +56,10 @@ def run(rounds: int) -> dict[str, Any]:
         total = sum(lengths)
         key = engine.prepare(seqs).key
         buf = np.empty(_packed_size(key.tokens, key.slots), dtype=np.int64)
+        ramp = engine._ramp
         ways = {"prepare": lambda: engine.prepare(seqs),
-                "sliced": lambda: _pack_into(buf, key, seqs, lengths, total, sliced=True),
-                "whole_array": lambda: _pack_into(buf, key, seqs, lengths, total, sliced=False)}
+                "sliced": lambda: _pack_into(buf, key, seqs, lengths, total, ramp, sliced=True),
+                "whole_array": lambda: _pack_into(buf, key, seqs, lengths, total, ramp, sliced=False)}
         timings: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(rounds):
             for name, fn in ways.items():

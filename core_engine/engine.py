@@ -118,21 +118,17 @@ def _regions(buf: torch.Tensor | np.ndarray, key: GraphKey) -> tuple:
 # 11.9 us, 2 x 128 9.4 against 14.3, about even at 4-8 sequences, whole-array ahead from 16.
 SLICED_PACK_SEQS = 2
 
-_ARANGE = np.arange(4096, dtype=np.int64)
 
-
-def _arange(n: int) -> np.ndarray:
-    """0..n-1 (int64) as a view of a shared, grown-on-demand range: positions without an arange per call."""
-    ramp = _ARANGE
-    if n > len(ramp):
-        globals()["_ARANGE"] = ramp = np.arange(max(n, 2 * len(ramp)), dtype=np.int64)
-    return ramp[:n]
+def _upto(ramp: np.ndarray, n: int) -> np.ndarray:
+    """0..n-1 (int64): a view of `ramp` (0, 1, 2, ...) when it is long enough, else a new range."""
+    return ramp[:n] if n <= len(ramp) else np.arange(n, dtype=np.int64)
 
 
 def _pack_into(buf: np.ndarray, key: GraphKey, sequences: Sequence[Sequence[int]], lengths: list[int],
-               total: int, *, sliced: bool | None = None) -> np.ndarray:
+               total: int, ramp: np.ndarray, *, sliced: bool | None = None) -> np.ndarray:
     """Fill a packed buffer (layout: PreparedBatch) for `key`; returns its cu_seqlens region.
 
+    `ramp` is 0, 1, 2, ... (int64), positions are slices of it instead of a new range per call.
     `sliced` picks the per-sequence or the whole-array way (default: by SLICED_PACK_SEQS);
     both write the same buffer, which the tests check.
     """
@@ -146,7 +142,7 @@ def _pack_into(buf: np.ndarray, key: GraphKey, sequences: Sequence[Sequence[int]
         for i, (seq, length) in enumerate(zip(sequences, lengths)):
             end = start + length
             ids[start:end] = seq
-            pos[start:end] = _arange(length)  # 0-based: the model applies XLM-R's offset itself
+            pos[start:end] = _upto(ramp, length)  # 0-based: the model applies XLM-R's offset itself
             sid[start:end] = i
             cu[i + 1] = end
             start = end
@@ -155,8 +151,8 @@ def _pack_into(buf: np.ndarray, key: GraphKey, sequences: Sequence[Sequence[int]
         counts = np.asarray(lengths, dtype=np.int64)
         ids[:total] = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=total)
         np.cumsum(counts, out=cu[1: num_seqs + 1])
-        pos[:total] = _arange(total) - np.repeat(cu[:num_seqs], counts)
-        sid[:total] = np.repeat(_arange(num_seqs), counts)
+        pos[:total] = _upto(ramp, total) - np.repeat(cu[:num_seqs], counts)
+        sid[:total] = np.repeat(_upto(ramp, num_seqs), counts)
         lens[:num_seqs] = counts
     if slots > num_seqs:
         # Unused slots are empty; the last slot holds the bucket padding, a real (discarded)
@@ -167,7 +163,7 @@ def _pack_into(buf: np.ndarray, key: GraphKey, sequences: Sequence[Sequence[int]
         lens[num_seqs: slots - 1] = 0
         lens[slots - 1] = pad
         ids[total:] = 0
-        pos[total:] = _arange(pad)
+        pos[total:] = _upto(ramp, pad)
         sid[total:] = slots - 1
     return cu
 
@@ -217,6 +213,8 @@ class Engine:
         if max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be >= 1, got {max_step_tokens}")
         self.max_step_tokens = max_step_tokens
+        # Positions of packed steps are slices of this (steps beyond the static buffers make their own).
+        self._ramp = np.arange(max(self.buckets.tokens(max_step_tokens), self.spec.max_tokens), dtype=np.int64)
         self.attention = make_attention(attention, self.device, self.spec, self.dtype,
                                         max_tokens=self.buckets.tokens(max_step_tokens))
         self.model = build_model(self.spec, self.device, self.dtype, self.attention)
@@ -291,7 +289,7 @@ class Engine:
         else:
             key = GraphKey(tokens=total, slots=num_seqs, max_seqlen=max(lengths))
         packed = torch.empty(_packed_size(key.tokens, key.slots), dtype=torch.int64, pin_memory=self._cuda)
-        cu = _pack_into(packed.numpy(), key, sequences, lengths, total)
+        cu = _pack_into(packed.numpy(), key, sequences, lengths, total, self._ramp)
         batch = PreparedBatch(packed=packed, key=key, num_seqs=num_seqs, num_tokens=total,
                               cu_seqlens_cpu=torch.from_numpy(cu.astype(np.int32)))
         # Plan attention now: the scheduler prepares step N+1 while step N runs on the GPU, so
