@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import gc
 import json
 import statistics
@@ -26,8 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.pg_common import machine
-from benchmarks.provenance import code_identity
+from benchmarks.provenance import result_header
 
 
 def _collect_ms(repeats: int) -> float:
@@ -78,10 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    result = {"command": "python -m benchmarks.gc_pause " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-              "machine": machine(), **code_identity(),
-              "python": sys.version.split()[0],
+    result = {**result_header("benchmarks.gc_pause", argv), "python": sys.version.split()[0],
               "gc": run(args.model, args.device, args.queries, args.repeats)}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -16,18 +16,15 @@ Usage: python -m benchmarks.pack_bench [--rounds 5] [--out FILE]
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from benchmarks.pg_common import machine
-from benchmarks.provenance import code_identity
+from benchmarks.provenance import result_header
 
 SHAPES = ((1, 16), (1, 128), (1, 256), (2, 128), (4, 128), (8, 128), (16, 128), (32, 256), (100, 256))
 
@@ -74,9 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    result = {"command": "python -m benchmarks.pack_bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-              "machine": machine(), **code_identity(), **run(args.rounds)}
+    result = {**result_header("benchmarks.pack_bench", argv), **run(args.rounds)}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.out}")

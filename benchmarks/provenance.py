@@ -65,6 +65,17 @@ def code_identity(root: Path = ROOT) -> dict[str, object]:
     return {"git_commit": commit, "sources_match_commit": matches, "source_sha256": tree}
 
 
+def result_header(module: str, argv: list[str] | None) -> dict[str, object]:
+    """What a small benchmark's JSON starts with: its exact command, the date, the machine, the code."""
+    import datetime as dt
+
+    from benchmarks.pg_common import machine
+
+    return {"command": f"python -m {module} " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "machine": machine(), **code_identity()}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     print(commit_sha256(args[0]) if args else working_tree_sha256())
