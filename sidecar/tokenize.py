@@ -11,8 +11,9 @@ here, truncating one token earlier to make room, as the model's reference code d
 `encode_batch_fast` (no character offsets) does the work; it releases the GIL and fans
 out over Rust threads, and large requests are cut into slices spread over several
 Python worker threads, so tokenizing a bulk request never holds up the asyncio loop
-that feeds the GPU. Only a query-sized request (a few short texts) is tokenized on the
-loop itself, where it costs less than the thread hop would.
+that feeds the GPU. Only a query-sized request (up to INLINE_TEXTS texts and INLINE_CHARS
+characters: a few queries, or one 512-token passage) is tokenized on the loop itself, where
+it costs less than the thread hop would.
 
 BERT tokenizers (WordPiece behind a `BertNormalizer` and a `BertPreTokenizer`: MiniLM, BGE,
 E5, GTE) normalize every text with control-character cleanup, CJK spacing, NFD accent
