@@ -213,6 +213,13 @@ class Engine:
         if max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be >= 1, got {max_step_tokens}")
         self.max_step_tokens = max_step_tokens
+        static_size = _packed_size(self.buckets.tokens(max_step_tokens), self.buckets.slots(max_step_tokens))
+        for length, count in shapes:
+            key = key_for([length] * count, self.buckets)
+            if _packed_size(key.tokens, key.slots) > static_size:
+                raise ValueError(f"prewarm: {length}x{count} ({length * count} tokens) does not fit the static "
+                                 f"buffers captured steps read from (max_step_tokens {max_step_tokens}); "
+                                 "such steps run eagerly, so there is nothing to capture")
         # Positions of packed steps are slices of this (steps beyond the static buffers make their own).
         self._ramp = np.arange(max(self.buckets.tokens(max_step_tokens), self.spec.max_tokens), dtype=np.int64)
         self.attention = make_attention(attention, self.device, self.spec, self.dtype,
@@ -242,8 +249,7 @@ class Engine:
         self.graphs = GraphCache(self.policy, self.device, on_evict=self.attention.release)
         self._static: torch.Tensor | None = None
         if self._cuda:
-            size = _packed_size(self.buckets.tokens(max_step_tokens), self.buckets.slots(max_step_tokens))
-            self._static = torch.zeros(size, dtype=torch.int64, device=self.device)
+            self._static = torch.zeros(static_size, dtype=torch.int64, device=self.device)
             if self.compiled:
                 try:
                     self._compile_warmup()

@@ -151,6 +151,9 @@ def test_prewarm_fails_before_the_weights_load_and_is_skipped_without_graphs(mon
     monkeypatch.setattr(engine_module, "build_model", no_weights)
     with pytest.raises(ValueError, match="prewarm: '300x1' needs 1 to 256 tokens"):
         Engine(device="cpu", prewarm="300x1")
+    with pytest.raises(ValueError, match=r"prewarm: 256x20 \(5120 tokens\) does not fit the static buffers .*"
+                                         r"\(max_step_tokens 2048\)"):
+        Engine(device="cpu", prewarm="256x8,256x20", max_step_tokens=2048)
 
 
 def test_step_returns_a_finished_handle_on_cpu(engine: Engine, token_ids: list[list[int]]) -> None:
