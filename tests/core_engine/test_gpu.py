@@ -238,7 +238,7 @@ def test_queries_prewarm_makes_a_first_query_of_any_length_replay(model_dirs: di
     from core_engine.engine import Engine
     from core_engine.graphs import prewarm_shapes
 
-    engine = Engine(model_dirs["bert"], device="cuda", prewarm="queries")
+    engine = Engine(model_dirs["bert"], device="cuda", attention="varlen", prewarm="queries")
     shapes = prewarm_shapes("queries", engine.spec.max_tokens, engine.buckets)
     assert engine.prewarm == shapes and engine.counters.captures == len(shapes)
     eager, replays = engine.counters.eager_runs, engine.counters.replays
