@@ -213,17 +213,17 @@ class Engine:
         if max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be >= 1, got {max_step_tokens}")
         self.max_step_tokens = max_step_tokens
-        static_size = _packed_size(self.buckets.tokens(max_step_tokens), self.buckets.slots(max_step_tokens))
+        step_bucket = self.buckets.tokens(max_step_tokens)
+        # Captured steps read their inputs from one static buffer of this many int64s.
+        self._static_size = _packed_size(step_bucket, self.buckets.slots(max_step_tokens))
         for length, count in shapes:
-            key = key_for([length] * count, self.buckets)
-            if _packed_size(key.tokens, key.slots) > static_size:
+            if not self._fits_static(key_for([length] * count, self.buckets)):
                 raise ValueError(f"prewarm: {length}x{count} ({length * count} tokens) does not fit the static "
                                  f"buffers captured steps read from (max_step_tokens {max_step_tokens}); "
                                  "such steps run eagerly, so there is nothing to capture")
         # Positions of packed steps are slices of this (steps beyond the static buffers make their own).
-        self._ramp = np.arange(max(self.buckets.tokens(max_step_tokens), self.spec.max_tokens), dtype=np.int64)
-        self.attention = make_attention(attention, self.device, self.spec, self.dtype,
-                                        max_tokens=self.buckets.tokens(max_step_tokens))
+        self._ramp = np.arange(max(step_bucket, self.spec.max_tokens), dtype=np.int64)
+        self.attention = make_attention(attention, self.device, self.spec, self.dtype, max_tokens=step_bucket)
         self.model = build_model(self.spec, self.device, self.dtype, self.attention)
         self.model.eval()
         built = time.perf_counter()
@@ -249,7 +249,7 @@ class Engine:
         self.graphs = GraphCache(self.policy, self.device, on_evict=self.attention.release)
         self._static: torch.Tensor | None = None
         if self._cuda:
-            self._static = torch.zeros(static_size, dtype=torch.int64, device=self.device)
+            self._static = torch.zeros(self._static_size, dtype=torch.int64, device=self.device)
             if self.compiled:
                 try:
                     self._compile_warmup()
@@ -284,8 +284,8 @@ class Engine:
         if num_seqs == 0:
             raise ValueError("sequences: empty batch")
         lengths = [len(s) for s in sequences]
-        limit = self.spec.max_tokens
-        if min(lengths) < 1 or max(lengths) > limit:
+        limit, longest = self.spec.max_tokens, max(lengths)
+        if min(lengths) < 1 or longest > limit:
             i = next(i for i, n in enumerate(lengths) if not 1 <= n <= limit)
             raise ValueError(f"sequences[{i}]: {lengths[i]} tokens; each sequence needs 1 to "
                              f"{limit} tokens for model {self.spec.name!r}")
@@ -293,7 +293,7 @@ class Engine:
         if self.pad_to_buckets:
             key = key_for(lengths, self.buckets)
         else:
-            key = GraphKey(tokens=total, slots=num_seqs, max_seqlen=max(lengths))
+            key = GraphKey(tokens=total, slots=num_seqs, max_seqlen=longest)
         packed = torch.empty(_packed_size(key.tokens, key.slots), dtype=torch.int64, pin_memory=self._cuda)
         cu = _pack_into(packed.numpy(), key, sequences, lengths, total, self._ramp)
         batch = PreparedBatch(packed=packed, key=key, num_seqs=num_seqs, num_tokens=total,
@@ -323,10 +323,14 @@ class Engine:
     def _on_device(self) -> contextlib.AbstractContextManager:
         return torch.cuda.device(self.device) if self._cuda else contextlib.nullcontext()
 
+    def _fits_static(self, key: GraphKey) -> bool:
+        """Whether a step of `key` fits the static input buffer (else it always runs eagerly)."""
+        return _packed_size(key.tokens, key.slots) <= self._static_size
+
     def _action(self, batch: PreparedBatch, counted: bool) -> Action | None:
         """How `batch` runs: the graph policy's action, or None when it exceeds the static buffers
         (always eager, from its own device copy). `counted=False` peeks without side effects."""
-        if self._static is not None and batch.packed.numel() > self._static.numel():
+        if self._static is not None and not self._fits_static(batch.key):
             if counted:
                 self.policy.counters.uncacheable += 1
             return None
