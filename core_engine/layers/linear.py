@@ -1,9 +1,43 @@
-"""Fused projections: one matmul for Q, K and V, split into per-head views after; weight stacking helper."""
+"""Fused projections (one matmul for Q, K and V), the residual-branch projection, and weight stacking."""
 
 from __future__ import annotations
 
+import os
+
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+
+@torch.library.custom_op("fern::residual_linear", mutates_args=())
+def residual_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x W^T as an op torch.compile cannot see into (see `ResidualLinear`)."""
+    return F.linear(x, weight)
+
+
+@residual_linear.register_fake
+def _residual_linear_fake(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+class ResidualLinear(nn.Linear):
+    """A bias-free projection whose output is added to the residual stream: ``x + proj(h)``.
+
+    Left to itself, torch.compile rewrites ``x + h @ W^T`` (when the sum also feeds a norm)
+    into ``addmm(x, h, W^T)``, and on CUDA ``addmm`` with a separate output first copies
+    ``x`` into that output, then lets cuBLAS read it again as the C operand: one device-to-
+    device copy per residual, two per Qwen3 layer (56 extra kernels in every pplx-0.6b step).
+    Here the matmul is an opaque op, so the residual add joins the following RMSNorm's
+    fused kernel instead, which reads both operands anyway. FERN_ADDMM_RESIDUAL=1 restores
+    the fused form (kept to measure one against the other).
+    """
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__(in_features, out_features, bias=False)
+        self.opaque = os.environ.get("FERN_ADDMM_RESIDUAL", "0") in ("0", "")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return residual_linear(x, self.weight) if self.opaque else F.linear(x, self.weight)
 
 
 class QKVLinear(nn.Module):

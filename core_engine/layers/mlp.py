@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core_engine.layers.linear import ResidualLinear
+
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
     "gelu_python": F.gelu,
@@ -69,13 +71,16 @@ class DenseMLP(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """down(act(gate(x)) * up(x)) with gate and up stacked in one weight, one matmul."""
+    """down(act(gate(x)) * up(x)) with gate and up stacked in one weight, one matmul.
+
+    ``down`` feeds the residual stream (`ResidualLinear`).
+    """
 
     def __init__(self, hidden: int, intermediate: int, act: str) -> None:
         super().__init__()
         self.intermediate = intermediate
         self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down = nn.Linear(intermediate, hidden, bias=False)
+        self.down = ResidualLinear(intermediate, hidden)
         self.act = activation(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

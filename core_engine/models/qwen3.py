@@ -16,7 +16,7 @@ from torch import nn
 
 from core_engine.attention.base import AttentionBackend, AttentionMetadata
 from core_engine.config import ModelSpec
-from core_engine.layers.linear import fuse_rows
+from core_engine.layers.linear import ResidualLinear, fuse_rows
 from core_engine.layers.mlp import SwiGLU
 from core_engine.layers.norm import RMSNorm
 from core_engine.layers.qk_norm_rope import qk_norm_rope
@@ -49,7 +49,9 @@ class Qwen3Layer(nn.Module):
         self.input_norm = RMSNorm(hidden, eps)
         self.qkv = nn.Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=bias)
         self.qk_norm_weight = nn.Parameter(torch.ones(heads + kv_heads, head_dim))
-        self.out = nn.Linear(heads * head_dim, hidden, bias=bias)
+        # With a bias, the projection is addmm(bias, ...), whose 1-D bias cuBLAS adds in its
+        # epilogue; only the bias-free form gets the residual folded in (`ResidualLinear`).
+        self.out = nn.Linear(heads * head_dim, hidden, bias=True) if bias else ResidualLinear(heads * head_dim, hidden)
         self.post_norm = RMSNorm(hidden, eps)
         self.mlp = SwiGLU(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu"))
         self.attention = attention
