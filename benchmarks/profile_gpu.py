@@ -116,10 +116,11 @@ def part_attention(models: list[str], seqs: int, length: int) -> dict[str, Any]:
 
 def _kernel_class(name: str) -> str:
     low = name.lower()
+    # Attention first: FlashAttention's and FlashInfer's kernel names also carry "cutlass".
+    if any(s in low for s in ("flash", "fmha", "attn", "prefill")):
+        return "attention"
     if any(s in low for s in ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "sm100_")):
         return "gemm"
-    if "flash" in low or "fmha" in low or "attn" in low:
-        return "attention"
     if "triton" in low:
         return "fused_elementwise"
     return "other"
@@ -228,7 +229,21 @@ VARIANTS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "exact-gelu": ({"FERN_GELU_EPILOGUE": "0"}, {}),
     "fa2": ({"FERN_FLASHINFER_BACKEND": "fa2", "FERN_FLASHINFER_CONTIGUOUS": "0"}, {"attention": "flashinfer"}),
     "fa3": ({"FERN_FLASHINFER_BACKEND": "fa3", "FERN_FLASHINFER_CONTIGUOUS": "0"}, {"attention": "flashinfer"}),
+    "addmm-residual": ({"FERN_ADDMM_RESIDUAL": "1"}, {}),
 }
+
+
+def kernel_bound(profile: dict[str, Any], texts: int) -> dict[str, float]:
+    """Embeddings/s a step of `texts` texts could reach if only some kernel classes took time.
+
+    From one step's kernel profile: with only its matmuls, and with its matmuls and
+    attention (every norm, activation and copy free, no gap between kernels). A goal above
+    the second figure needs faster matmul or attention kernels, not less overhead.
+    """
+    ms = profile["by_class_ms"]
+    gemm, attention = ms.get("gemm", 0.0), ms.get("attention", 0.0)
+    return {"gemm_only": texts / gemm * 1e3 if gemm else float("nan"),
+            "gemm_and_attention": texts / (gemm + attention) * 1e3 if gemm + attention else float("nan")}
 
 
 def part_models(models: list[str], models_dir: Path, per_step: list[int], peak: float) -> dict[str, Any]:
@@ -280,6 +295,7 @@ def _profile_model(label: str, models_dir: Path, per_step: list[int], peak: floa
         "profile_32x512": _profile_eager(engine, text * 32),
         "counters": engine.counters.as_dict(),
     }
+    entry["kernel_bound_32x512_embeddings_per_s"] = kernel_bound(entry["profile_32x512"], 32)
     if variant and name in reference:
         entry["cosine_vs_base_min"] = float(F.cosine_similarity(probe, reference[name], dim=1).min())
     print(json.dumps({label: {k: v for k, v in entry.items() if not k.startswith("profile")}}, indent=1),
