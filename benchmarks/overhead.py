@@ -75,7 +75,7 @@ import numpy as np
 
 from benchmarks.provenance import code_identity
 from benchmarks.stats import percentiles
-from sidecar.cli import SERVER_GRPC_EXPERIMENTS
+from sidecar.cli import GRPC_EXPERIMENTS
 
 LENGTHS = (16, 128)
 
@@ -598,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="JSON path (default: benchmarks/results/overhead-<device type>.json)")
     p.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
                    help="event loop of the sidecar and bare servers (uvloop: if installed)")
-    p.add_argument("--server-grpc", default=SERVER_GRPC_EXPERIMENTS,
+    p.add_argument("--server-grpc", default=GRPC_EXPERIMENTS,
                    help="GRPC_EXPERIMENTS of both servers (default: fern serve's own setting); the "
                         "client takes this process's GRPC_EXPERIMENTS")
     p.add_argument("--bare-wait-us", type=int, default=0,

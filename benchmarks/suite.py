@@ -322,11 +322,9 @@ def _latency_st(ctx: Context, spec, tok: Tokenizer, lengths: list[int], iters: i
 
 
 # gRPC client settings the end-to-end latency is measured under; gRPC reads them only at
-# start, so each runs in a client process of its own. "default" is what FernClient gets;
-# "-event_engine_client" is what `fern` client processes set (sidecar.cli); the third turns
-# EventEngine's listener off in the client too, as `fern serve` does in the server: on the
-# H200 host a bare round trip took 225 us with both processes so (benchmarks/grpc_floor.py)
-# and 485-515 us with either alone, but the client's listener setting was not measured apart.
+# start, so each runs in a client process of its own. "default" is what FernClient gets in a
+# program that sets nothing; the third is what every `fern` process sets (sidecar.cli), off
+# EventEngine's client and listener, as `fern serve` is; the second turns off the client only.
 CLIENT_SETTINGS = {"default": {}, "-event_engine_client": {"GRPC_EXPERIMENTS": "-event_engine_client"},
                    "-event_engine_client,-event_engine_listener": {
                        "GRPC_EXPERIMENTS": "-event_engine_client,-event_engine_listener"}}

@@ -412,18 +412,19 @@ async def run_sidecar(args: argparse.Namespace,
     return status
 
 
-# gRPC's EventEngine adds thread hand-offs to every call. `fern serve` turns off its
-# listener and client, every other `fern` process (pg worker, embed, models) its client.
-# gRPC reads the setting once, when it is first imported; an explicit GRPC_EXPERIMENTS
-# wins. Bare round trips on the H200 host (benchmarks/grpc_floor.py): 586 us with gRPC's
-# defaults, 485 us with this server, 225 us when the client is off EventEngine too.
-SERVER_GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener"
-CLIENT_GRPC_EXPERIMENTS = "-event_engine_client"
+# gRPC's EventEngine adds thread hand-offs to every call, so every `fern` process (serve, demo,
+# pg worker, embed, models) turns off its client and listener. gRPC reads the setting once,
+# when it is first imported; an explicit GRPC_EXPERIMENTS wins. Bare round trips on the H200
+# host (benchmarks/grpc_floor.py): 586 us with gRPC's defaults, 485 us with the server off
+# EventEngine, 225 us with both processes off. Batch-1 end to end through `fern serve` on the
+# H200 (gpu-h200-stop14-latency.json, 128 tokens, p50): 2.27 ms (BGE-M3 arch) and 2.75 ms
+# (pplx-0.6b arch) with a client off both, 2.40 and 2.80 ms off its client side alone.
+GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener"
 
 
-def _grpc_settings(serving: bool) -> None:
+def _grpc_settings() -> None:
     if "grpc" not in sys.modules:
-        os.environ.setdefault("GRPC_EXPERIMENTS", SERVER_GRPC_EXPERIMENTS if serving else CLIENT_GRPC_EXPERIMENTS)
+        os.environ.setdefault("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -542,7 +543,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `fern` console script."""
     args = build_parser().parse_args(argv)
-    _grpc_settings(serving=args.func in (cmd_serve, cmd_demo))
+    _grpc_settings()
     return int(args.func(args) or 0)
 
 

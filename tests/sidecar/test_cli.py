@@ -189,7 +189,7 @@ sys.exit(cli.main(sys.argv[1:]))
 
 @pytest.mark.parametrize("verb, explicit, expected", [
     ("serve", None, "-event_engine_client,-event_engine_listener"),
-    ("models", None, "-event_engine_client"),
+    ("models", None, "-event_engine_client,-event_engine_listener"),
     ("models", "-event_engine_listener", "-event_engine_listener"),  # an explicit setting wins
 ])
 def test_each_fern_process_turns_grpc_event_engine_off_before_grpc_loads(verb, explicit, expected):
