@@ -57,14 +57,24 @@ class Qwen3Layer(nn.Module):
         self.attention = attention
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
+        self, x: torch.Tensor, pending: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual stream, the MLP output not yet added to it) -> the same pair after this layer.
+
+        The previous layer's MLP output (``pending``) joins the stream here, in front of this
+        layer's input norm, rather than at the end of that layer. Attention splits every layer
+        into compiled regions, so an add at a layer's end would be a kernel of its own (or,
+        folded into the matmul, a copy); here it fuses with the norm that reads the sum anyway.
+        """
+        if pending is not None:
+            x = x + pending
         t, d = x.shape[0], self.head_dim
         qk, v = self.qkv(self.input_norm(x)).split([(self.heads + self.kv_heads) * d, self.kv_heads * d], dim=-1)
         q, k = qk_norm_rope(qk.view(t, -1, d), self.qk_norm_weight, cos, sin, self.eps, self.heads)
         a = self.attention(q, k, v.view(t, self.kv_heads, d), meta).reshape(t, -1)
         x = x + self.out(a)
-        return x + self.mlp(self.post_norm(x))
+        return x, self.mlp(self.post_norm(x))
 
 
 class Qwen3Encoder(nn.Module):
@@ -91,8 +101,11 @@ class Qwen3Encoder(nn.Module):
             raise ValueError(f"meta.causal={meta.causal} but this model is causal={self.causal}")
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
+        pending = None
         for layer in self.layers:
-            x = layer(x, cos, sin, meta)
+            x, pending = layer(x, pending, cos, sin, meta)
+        if pending is not None:
+            x = x + pending
         return self.pooler(self.norm(x), meta)
 
 

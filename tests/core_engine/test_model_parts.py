@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -358,41 +359,35 @@ def test_varlen_attention_calls_the_flash_op_directly_with_the_packed_metadata()
         assert args[3] is cu and args[4] is cu and args[5:] == (64, 64, 0.0, causal, False)
 
 
-def _qwen3_layer_code(monkeypatch, addmm_residual: str) -> str:
-    """Inductor's generated code for one small Qwen3 layer (CPU attention), compiled with dynamic shapes."""
+def _qwen3_compiled_code(tmp_path: Path, monkeypatch, addmm_residual: str) -> str:
+    """Inductor's generated code for a two-layer random Qwen3 model (CPU attention), dynamic shapes."""
     from torch._inductor.utils import run_and_get_code
 
-    from core_engine.layers.rotary import RotaryEmbedding
-    from core_engine.models.qwen3 import Qwen3Layer
+    from benchmarks.models import build_random_model
 
     monkeypatch.setenv("FERN_ADDMM_RESIDUAL", addmm_residual)
-    cfg = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-           "intermediate_size": 128, "rms_norm_eps": 1e-6}
-    layer = Qwen3Layer(cfg, get_backend("cpu")).eval()
-    torch.manual_seed(0)
-    for p in layer.parameters():
-        p.data.normal_(0, 0.1)
-    x = torch.randn(12, 64)
-    cos, sin = RotaryEmbedding(16, 10000.0)(torch.arange(12), x.dtype)
-    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
-    meta = AttentionMetadata(cu_seqlens=cu, max_seqlen=7, seq_ids=torch.tensor([0] * 5 + [1] * 7),
-                             seq_lens=torch.tensor([5, 7]), causal=False, cu_seqlens_cpu=cu)
+    spec = load_spec(build_random_model("qwen3-bidirectional", tmp_path / "qwen3", seed=0))
+    model = build_model(spec, "cpu", torch.float32, get_backend("cpu"))
+    args = pack([list(range(100, 105)), list(range(200, 207))], causal=False).model_inputs()
     torch._dynamo.reset()
     with torch.inference_mode():
-        want = layer(x, cos, sin, meta)
-        got, code = run_and_get_code(torch.compile(layer, dynamic=True), x, cos, sin, meta)
+        want = model(*args)
+        got, code = run_and_get_code(torch.compile(model, dynamic=True), *args)
     torch._dynamo.reset()
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     return "\n".join(code)
 
 
-def test_qwen3_residual_adds_are_not_folded_into_the_matmuls(monkeypatch) -> None:
-    """x + out(a) and x + down(h) stay a matmul and an add that joins the next norm's kernel.
+def test_qwen3_residual_adds_fuse_into_the_norms_not_the_matmuls(tmp_path, monkeypatch) -> None:
+    """Each residual add is fused into the RMSNorm that reads the sum: no addmm, no kernel of its own.
 
-    On CUDA the folded form, addmm(x, a, W^T), copies x into its output before the matmul:
-    two device-to-device copies per layer. The check reads what torch.compile generates
-    for one layer; with FERN_ADDMM_RESIDUAL=1 (the folded form) the same check sees addmm,
-    so it would see a regression.
+    Left alone, torch.compile folds x + out(a) into addmm(x, a, W^T), which on CUDA copies x
+    before the matmul (two device-to-device copies per layer); and an add at the end of a
+    layer is a kernel of its own, as attention ends each compiled region there. The check
+    reads what torch.compile generates; with FERN_ADDMM_RESIDUAL=1 (the folded form) it sees
+    addmm, so it would see a regression.
     """
-    assert "addmm" not in _qwen3_layer_code(monkeypatch, "0")
-    assert "addmm" in _qwen3_layer_code(monkeypatch, "1")
+    code = _qwen3_compiled_code(tmp_path / "a", monkeypatch, "0")
+    assert "addmm" not in code
+    assert not re.findall(r"\w*_fused_add_\d+\b", code)  # an add alone in a kernel
+    assert "addmm" in _qwen3_compiled_code(tmp_path / "b", monkeypatch, "1")
