@@ -417,8 +417,8 @@ async def run_sidecar(args: argparse.Namespace,
 # when it is first imported; an explicit GRPC_EXPERIMENTS wins. Bare round trips on the H200
 # host (benchmarks/grpc_floor.py): 586 us with gRPC's defaults, 485 us with the server off
 # EventEngine, 225 us with both processes off. Batch-1 end to end through `fern serve` on the
-# H200 (gpu-h200-stop14-latency.json, 128 tokens, p50): 2.27 ms (BGE-M3 arch) and 2.75 ms
-# (pplx-0.6b arch) with a client off both, 2.40 and 2.80 ms off its client side alone.
+# H200 (gpu-h200-stop14-*latency.json): a client off EventEngine's client alone was no faster
+# than one off both, and gRPC's defaults were the slowest in every run; one setting for all.
 GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener"
 
 
