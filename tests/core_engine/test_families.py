@@ -120,20 +120,24 @@ def test_xlm_roberta_matches_transformers_and_needs_its_position_offset(tmp_path
     assert cosines(wrong, ref).min() < 0.999
 
 
-def qwen3_config(heads: int, kv_heads: int, head_dim: int) -> Qwen3Config:
+def qwen3_config(heads: int, kv_heads: int, head_dim: int, bias: bool = False) -> Qwen3Config:
     cfg = Qwen3Config(
         vocab_size=400, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
         max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-6, eos_token_id=399,
+        attention_bias=bias,
     )
     cfg._attn_implementation = "eager"
     return cfg
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 2, 32), (4, 4, 16)])
-def test_qwen3_causal_last_token_matches_transformers(tmp_path: Path, heads: int, kv_heads: int, head_dim: int) -> None:
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "bias"),
+                         [(4, 2, 32, False), (4, 4, 16, False), (4, 2, 32, True)])
+def test_qwen3_causal_last_token_matches_transformers(tmp_path: Path, heads: int, kv_heads: int, head_dim: int,
+                                                      bias: bool) -> None:
+    # bias: attention_bias=True, biases on q/k/v/o (then the out projection is a plain nn.Linear)
     torch.manual_seed(0)
-    hf = Qwen3Model(qwen3_config(heads, kv_heads, head_dim)).eval()
+    hf = Qwen3Model(qwen3_config(heads, kv_heads, head_dim, bias)).eval()
     randomize(hf, 5)
     spec = load_spec(save_model_dir(tmp_path / "qwen3", hf, "last"))
     assert (spec.family, spec.causal, spec.pooling, spec.native_int8) == ("qwen3", True, "last", False)
