@@ -121,7 +121,7 @@ def _kernel_class(name: str) -> str:
         return "attention"
     if any(s in low for s in ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "sm100_")):
         return "gemm"
-    if "triton" in low:
+    if "triton" in low or "qk_norm_rope" in low:  # inductor's kernels, and Fern's own Triton kernel
         return "fused_elementwise"
     return "other"
 
