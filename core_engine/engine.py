@@ -223,10 +223,6 @@ class Engine:
                                  "such steps run eagerly, so there is nothing to capture")
         # Positions of packed steps are slices of this (steps beyond the static buffers make their own).
         self._ramp = np.arange(max(step_bucket, self.spec.max_tokens), dtype=np.int64)
-        self.attention = make_attention(attention, self.device, self.spec, self.dtype, max_tokens=step_bucket)
-        self.model = build_model(self.spec, self.device, self.dtype, self.attention)
-        self.model.eval()
-        built = time.perf_counter()
         self._cuda = self.device.type == "cuda"
         # torch.compile fuses the elementwise work between matmuls (norms, rotary, activations,
         # residuals); attention stays outside the compiled regions (a graph break per layer),
@@ -236,6 +232,11 @@ class Engine:
             env = os.environ.get("FERN_COMPILE")
             compile = self._cuda if env is None else env not in ("0", "false", "no", "")
         self.compiled = bool(compile)
+        self.attention = make_attention(attention, self.device, self.spec, self.dtype, max_tokens=step_bucket,
+                                        compiled=self.compiled)
+        self.model = build_model(self.spec, self.device, self.dtype, self.attention)
+        self.model.eval()
+        built = time.perf_counter()
         self.compile_seconds = 0.0
         choose_seconds = 0.0
         self._forward_model = torch.compile(self.model, dynamic=True, backend=os.environ.get(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -99,11 +100,8 @@ class AttentionSelector:
     def name(self) -> str:
         return self._active.name
 
-    @torch.compiler.disable
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  meta: AttentionMetadata) -> torch.Tensor:
-        # Never traced by torch.compile: the kernels (and FlashInfer's host-side state) run as
-        # they are, between the compiled regions of each layer.
         return self._active(q, k, v, meta)
 
     def backend_for(self, key: GraphKey, captured: str | None = None) -> str:
@@ -217,17 +215,33 @@ def _time_graph(engine: "Engine", batch: Any, repeats: int, pipelined: bool) -> 
     return times[len(times) // 2] * 1e3
 
 
-def make_attention(name: str, device: torch.device, spec: "ModelSpec",
-                   dtype: torch.dtype = torch.bfloat16, max_tokens: int = 16384) -> AttentionSelector:
-    """The attention the engine builds its model with.
+@functools.cache
+def _opaque_selector() -> type[AttentionSelector]:
+    """AttentionSelector whose call torch.compile never traces.
+
+    The kernels (and FlashInfer's host-side state) run as they are, between the compiled
+    regions of each layer. Made on first use: `torch.compiler.disable` imports torch._dynamo
+    (~1.1 s on the 2-core machine), which an engine that does not compile never needs.
+    """
+
+    class OpaqueAttentionSelector(AttentionSelector):
+        __call__ = torch.compiler.disable(AttentionSelector.__call__)
+
+    return OpaqueAttentionSelector
+
+
+def make_attention(name: str, device: torch.device, spec: "ModelSpec", dtype: torch.dtype = torch.bfloat16,
+                   max_tokens: int = 16384, compiled: bool = False) -> AttentionSelector:
+    """The attention the engine builds its model with (`compiled`: for a model torch.compile runs).
 
     "auto": the CPU path on CPU; on CUDA `varlen` plus FlashInfer where it can serve the model,
     chosen per shape class by measurement once the model is built. A name forces that backend.
     """
+    selector = _opaque_selector() if compiled else AttentionSelector
     shape = attention_shape(spec)
     if name == "auto":
         if device.type != "cuda":
-            return AttentionSelector({"cpu": get_backend("cpu")}, forced="cpu")
+            return selector({"cpu": get_backend("cpu")}, forced="cpu")
         candidates: dict[str, AttentionBackend] = {"varlen": get_backend("varlen")}
         why_not = flashinfer_usable(shape)
         if why_not is None:
@@ -235,7 +249,7 @@ def make_attention(name: str, device: torch.device, spec: "ModelSpec",
                                                    dtype=dtype, max_tokens=max_tokens)
         else:
             log.info("FlashInfer not a candidate for %s: %s", spec.name, why_not)
-        return AttentionSelector(candidates, forced=None)
+        return selector(candidates, forced=None)
     if name in ("varlen", "flashinfer") and device.type != "cuda":
         raise ValueError(f"attention {name!r} needs a CUDA device, got {device}")
     if name == "flashinfer":
@@ -246,4 +260,4 @@ def make_attention(name: str, device: torch.device, spec: "ModelSpec",
                               max_tokens=max_tokens)
     else:
         backend = get_backend(name)
-    return AttentionSelector({name: backend}, forced=name)
+    return selector({name: backend}, forced=name)

@@ -16,6 +16,7 @@ from torch import nn
 
 from core_engine.attention.base import AttentionBackend, AttentionMetadata
 from core_engine.config import ModelSpec
+from core_engine.layers.embedding import Embedding
 from core_engine.layers.linear import QKVLinear, fuse_rows
 from core_engine.layers.mlp import DenseMLP
 from core_engine.layers.norm import LayerNorm
@@ -56,9 +57,9 @@ class BertEncoder(nn.Module):
                 f"{spec.path}: position_embedding_type {cfg['position_embedding_type']!r} is not supported "
                 "(only 'absolute')"
             )
-        self.word_embeddings = nn.Embedding(cfg["vocab_size"], hidden)
+        self.word_embeddings = Embedding(cfg["vocab_size"], hidden)
         # Position rows from position_offset on, with the token-type-0 vector already added.
-        self.position_embeddings = nn.Embedding(cfg["max_position_embeddings"] - spec.position_offset, hidden)
+        self.position_embeddings = Embedding(cfg["max_position_embeddings"] - spec.position_offset, hidden)
         self.embed_norm = LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))
         self.layers = nn.ModuleList(BertLayer(cfg, attention) for _ in range(cfg["num_hidden_layers"]))
         self.pooler = POOLERS[spec.pooling]

@@ -16,6 +16,7 @@ from torch import nn
 
 from core_engine.attention.base import AttentionBackend, AttentionMetadata
 from core_engine.config import ModelSpec
+from core_engine.layers.embedding import Embedding
 from core_engine.layers.linear import ResidualLinear, fuse_rows
 from core_engine.layers.mlp import SwiGLU
 from core_engine.layers.norm import RMSNorm
@@ -89,7 +90,7 @@ class Qwen3Encoder(nn.Module):
         scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
         if scaling.get("rope_type", scaling.get("type", "default")) != "default":
             raise ValueError(f"{spec.path}: rope scaling {scaling!r} is not supported")
-        self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
+        self.embed_tokens = Embedding(cfg["vocab_size"], cfg["hidden_size"])
         theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
         self.rotary = RotaryEmbedding(_head_dim(cfg), float(theta))
         self.layers = nn.ModuleList(Qwen3Layer(cfg, attention) for _ in range(cfg["num_hidden_layers"]))

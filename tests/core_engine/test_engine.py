@@ -199,10 +199,25 @@ def test_compiled_forward_gives_the_same_vectors(tmp_path, monkeypatch) -> None:
     plain = Engine(model, compile=False, pad_to_buckets=True)
     compiled = Engine(model, compile=True, pad_to_buckets=True)
     assert compiled.compiled and not plain.compiled
+    # The compiled model's attention is a graph break (torch.compile never traces it); the
+    # plain engine's is an ordinary call, so building it never needed torch._dynamo.
+    assert getattr(type(compiled.attention).__call__, "_torchdynamo_disable", False)
+    assert not hasattr(type(plain.attention).__call__, "_torchdynamo_disable")
     rng = np.random.default_rng(0)
     for lengths in ([5, 40, 130], [7]):
         seqs = [[101, *rng.integers(1000, 30000, size=n - 2).tolist(), 102] for n in lengths]
         np.testing.assert_allclose(compiled.embed(seqs), plain.embed(seqs), atol=1e-5, rtol=1e-5)
+
+
+def test_an_engine_that_does_not_compile_never_imports_torch_dynamo() -> None:
+    """Importing torch._dynamo costs ~1.1 s of start-up on the 2-core machine; the CPU engine needs none of it."""
+    import subprocess
+
+    code = ("import sys; from core_engine.engine import Engine; e = Engine(); e.embed([[101, 2000, 102]]); "
+            "print('torch._dynamo' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "False"
 
 
 # -- attention planned when a batch is prepared (FlashInfer's plan, with a stand-in on the CPU) ----
