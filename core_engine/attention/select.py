@@ -216,7 +216,7 @@ def _time_graph(engine: "Engine", batch: Any, repeats: int, pipelined: bool) -> 
 
 
 @functools.cache
-def _opaque_selector() -> type[AttentionSelector]:
+def opaque_selector() -> type[AttentionSelector]:
     """AttentionSelector whose call torch.compile never traces.
 
     The kernels (and FlashInfer's host-side state) run as they are, between the compiled
@@ -237,7 +237,7 @@ def make_attention(name: str, device: torch.device, spec: "ModelSpec", dtype: to
     "auto": the CPU path on CPU; on CUDA `varlen` plus FlashInfer where it can serve the model,
     chosen per shape class by measurement once the model is built. A name forces that backend.
     """
-    selector = _opaque_selector() if compiled else AttentionSelector
+    selector = opaque_selector() if compiled else AttentionSelector
     shape = attention_shape(spec)
     if name == "auto":
         if device.type != "cuda":
