@@ -315,10 +315,11 @@ def _check_free(host: str, port: int) -> None:
 def settle_heap() -> int:
     """Collect once, then freeze what is left out of the garbage collector; returns how many objects.
 
-    What start-up leaves (torch, the models, gRPC: ~300,000 tracked objects with the bundled
-    model) lives as long as the process, yet every full collection walks all of it: ~140 ms on
-    the 2-core CI machine (results/gc-pause-cpu.json), a stall of the event loop and of every request in flight. Frozen, it
-    is skipped; later collections walk only what serving created (benchmarks/gc_pause.py).
+    What start-up leaves (torch, the models, gRPC: ~174,000 tracked objects with the bundled
+    model on the CPU) lives as long as the process, yet every full collection walks all of it:
+    ~71 ms on the 2-core CI machine (results/gc-pause-cpu-stop14.json), a stall of the event
+    loop and of every request in flight. Frozen, it is skipped; later collections walk only
+    what serving created (benchmarks/gc_pause.py).
     """
     gc.collect()
     gc.freeze()
