@@ -25,6 +25,7 @@ from benchmarks.models import ARCHS, build_random_model
 from benchmarks.provenance import code_identity
 from benchmarks.stats import percentiles as _percentiles
 from benchmarks.texts import Workload, make_texts, workload_texts
+from sidecar.cli import GRPC_EXPERIMENTS
 
 log = logging.getLogger("fern.bench")
 
@@ -326,8 +327,7 @@ def _latency_st(ctx: Context, spec, tok: Tokenizer, lengths: list[int], iters: i
 # program that sets nothing; the third is what every `fern` process sets (sidecar.cli), off
 # EventEngine's client and listener, as `fern serve` is; the second turns off the client only.
 CLIENT_SETTINGS = {"default": {}, "-event_engine_client": {"GRPC_EXPERIMENTS": "-event_engine_client"},
-                   "-event_engine_client,-event_engine_listener": {
-                       "GRPC_EXPERIMENTS": "-event_engine_client,-event_engine_listener"}}
+                   GRPC_EXPERIMENTS: {"GRPC_EXPERIMENTS": GRPC_EXPERIMENTS}}
 
 
 def _latency_e2e(ctx: Context, name: str, tok: Tokenizer) -> dict[str, Any]:

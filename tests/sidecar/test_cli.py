@@ -126,7 +126,7 @@ def test_serve_reports_a_port_in_use(fern_cmd):
 
 
 def test_serve_freezes_its_start_up_heap_out_of_the_collector(sidecar_process):
-    """A full collection would walk ~300,000 start-up objects on the event loop (benchmarks/gc_pause.py)."""
+    """A full collection would walk ~174,000 start-up objects on the event loop (benchmarks/gc_pause.py)."""
     line = next(l for l in sidecar_process.log().splitlines() if l.startswith("fern: serving"))
     frozen = int(re.search(r"; ([\d,]+) start-up objects frozen out of the garbage collector\)", line)[1].replace(",", ""))
     assert frozen > 100_000
@@ -210,7 +210,7 @@ def test_serve_refuses_a_port_out_of_range_before_loading_anything(fern_cmd, fla
 
 
 def test_serve_says_where_start_up_went(sidecar_process):
-    # "fern: serving M on H:P (cpu; 4.1 s after start: imports 2.3 s, models 1.5 s; 295,256 start-up
+    # "fern: serving M on H:P (cpu; 4.1 s after start: imports 2.3 s, models 1.5 s; 174,202 start-up
     # objects frozen out of the garbage collector)"
     line = next(line for line in sidecar_process.log().splitlines() if line.startswith("fern: serving "))
     match = re.search(r"; (\d+\.\d) s after start: imports (\d+\.\d) s, models (\d+\.\d) s; [\d,]+ start-up", line)
