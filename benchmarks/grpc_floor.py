@@ -13,7 +13,8 @@ settings and a 384-float response: the bare server plus one sidecar ingredient a
 (FERN_FLOOR_ADD: server options, health and reflection servicers, the loaded Registry's
 threads in the process), the whole Sidecar answering with the bare handler, a handler that
 waits (polled, or for a thread) as long as the sidecar's does, and the sidecar itself on the
-stand-in engine of `benchmarks.overhead --engine-us`. `--rounds N` runs the chosen variants N
+stand-in engine of `benchmarks.overhead --engine-us` (the bundled MiniLM's, or FERN_FLOOR_MODEL's
+directory where the package is not installed). `--rounds N` runs the chosen variants N
 times, interleaved, and reports each p50 and their median.
 """
 
@@ -84,6 +85,11 @@ VARIANTS.update({
     "uv sidecar, engine 1 ms": ({}, {**_UV, "FERN_FLOOR_SERVER": "sidecar"}, _CLIENT),
     "uv sidecar, engine 1 ms, no loop poll": (
         {}, {**_UV, "FERN_FLOOR_SERVER": "sidecar", "FERN_ONLINE_POLL_MS": "0"}, _CLIENT),
+    # `fern serve --front-end-cpu`: the loop and gRPC's poller thread on one CPU (sidecar.server.pin_front_end).
+    "uv bare, polls 1.3 ms, front end on CPU 2": (
+        {}, {**_UV, "FERN_FLOOR_WAIT": "poll", "FERN_FLOOR_WAIT_US": "1300", "FERN_FLOOR_PIN": "2"}, _CLIENT),
+    "uv sidecar, engine 1 ms, front end on CPU 2": (
+        {}, {**_UV, "FERN_FLOOR_SERVER": "sidecar", "FERN_FLOOR_PIN": "2"}, _CLIENT),
 })
 
 
@@ -146,11 +152,15 @@ def serve(port: int) -> None:
         if "registry" in adds:  # the sidecar's engines, schedulers and tokenizer threads, idle
             from benchmarks.overhead import stand_in_registry
 
-            registry = await stand_in_registry(None, "cpu", 1000)
+            registry = await stand_in_registry(os.environ.get("FERN_FLOOR_MODEL"), "cpu", 1000)
             await registry.start()
         server = await _bare_server(port, dimensions, [], wait=_wait(mode) if mode else None,
                                     options=server_options() if "options" in adds else (),
                                     setup=functools.partial(_add_servicers, adds))
+        if os.environ.get("FERN_FLOOR_PIN"):
+            from sidecar.server import pin_front_end
+
+            pin_front_end(int(os.environ["FERN_FLOOR_PIN"]))
         await server.wait_for_termination()
         if registry is not None:
             await registry.drain()
@@ -182,8 +192,10 @@ async def _sidecar(port: int, dimensions: int, adds: set[str], wait) -> None:
     from benchmarks.overhead import _bare_embed, stand_in_registry
     from sidecar.server import Sidecar
 
-    registry = await stand_in_registry(None, "cpu", int(os.environ.get("FERN_FLOOR_ENGINE_US", "1000")))
-    sidecar = Sidecar(registry, host="127.0.0.1", port=port)
+    registry = await stand_in_registry(os.environ.get("FERN_FLOOR_MODEL"), "cpu",
+                                        int(os.environ.get("FERN_FLOOR_ENGINE_US", "1000")))
+    pin = os.environ.get("FERN_FLOOR_PIN")
+    sidecar = Sidecar(registry, host="127.0.0.1", port=port, front_end_cpu=int(pin) if pin else None)
     if "bare-handler" in adds:
         sidecar.service.Embed = _bare_embed(dimensions, [], wait)
     await sidecar.start()
