@@ -3,10 +3,13 @@
 `python -m benchmarks.profile_gpu --out DIR` (CUDA only) measures, in one run:
 
 - ``gemm``: every projection shape of the profiled models at several token counts, as
-  bf16 ``F.linear`` (what the engine runs) and, for reference, fp8 rowwise ``_scaled_mm``,
+  bf16 ``F.linear`` (what the engine runs) with bias and without (through cuBLAS and
+  through cuBLASLt, torch's two BLAS libraries) and, for reference, fp8 rowwise ``_scaled_mm``,
   each in TFLOP/s beside the 8192^3 bf16 peak measured in the same run. This is the
   roofline a packed step can reach: no model can beat the matmuls it is made of.
 - ``attention``: ``varlen_attn`` on full 512-token sequences for each model's head layout.
+- ``attention_uniform``: the same step's attention through every packed kernel the engine
+  has and through SDPA's dense backends (cuDNN, flash, efficient), on strided views.
 - ``small``: batch-1 steps (one sequence of 16 / 128 tokens) with the engine's default
   compile (dynamic shapes; cuBLAS picks each matmul's kernel) against a static-shape
   ``max-autotune`` compile (inductor times Triton templates beside cuBLAS for each matmul
@@ -24,6 +27,7 @@ Results go to DIR/profile-<tag>.json with the command, the machine and the date.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -69,6 +73,8 @@ def projection_shapes(name: str) -> dict[str, tuple[int, int]]:
 
 
 def part_gemm(models: list[str], token_counts: list[int]) -> dict[str, Any]:
+    """Each projection shape as the engine runs it: with bias (cuBLASLt's bias epilogue), and
+    without (BGE has biases, Qwen3 none) through each cuBLAS library torch can call."""
     out: dict[str, Any] = {}
     fp8 = hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")
     for name in models:
@@ -81,6 +87,11 @@ def part_gemm(models: list[str], token_counts: list[int]) -> dict[str, Any]:
                 flop = 2 * m * n * k
                 ms = _cuda_ms(lambda: F.linear(x, w, b))
                 row = {"bf16_ms": ms, "bf16_tflops": flop / ms / 1e9}
+                for library in ("cublas", "cublaslt"):
+                    with blas_library(library):
+                        ms = _cuda_ms(lambda: F.linear(x, w))
+                    row[f"bf16_nobias_{library}_ms"] = ms
+                    row[f"bf16_nobias_{library}_tflops"] = flop / ms / 1e9
                 if fp8 and m >= 1024:
                     try:
                         xq = x.to(torch.float8_e4m3fn)
@@ -97,6 +108,20 @@ def part_gemm(models: list[str], token_counts: list[int]) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def blas_library(library: str | None):
+    """torch's preferred BLAS library ("cublas", "cublaslt") for the block; None leaves it."""
+    if library is None:
+        yield
+        return
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(library)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
+
+
 def part_attention(models: list[str], seqs: int, length: int) -> dict[str, Any]:
     from torch.nn.attention.varlen import varlen_attn
 
@@ -111,6 +136,67 @@ def part_attention(models: list[str], seqs: int, length: int) -> dict[str, Any]:
         ms = _cuda_ms(lambda: varlen_attn(q, k, v, cu, cu, length, length))
         flop = 4 * seqs * length * length * heads * d
         out[name] = {"tokens": t, "heads": heads, "head_dim": d, "varlen_ms": ms, "varlen_tflops": flop / ms / 1e9}
+    return out
+
+
+def part_attention_uniform(models: list[str], seqs: int, length: int) -> dict[str, Any]:
+    """One layer's attention over `seqs` sequences of `length` tokens, as packed kernels and as dense SDPA.
+
+    Q, K and V are views into one fused projection output, as the engine passes them. The
+    packed kernels are the engine's (FlashInfer fa3 / fa2, planned once; varlen_attn); the
+    dense ones are SDPA's backends on [seqs, heads, length, head_dim] views of the same
+    tensors, timed with the copy back to the packed [tokens, heads * head_dim] layout the
+    next projection reads. A uniform-length step (every text truncated to the same length)
+    could take the dense path: this says whether it would pay.
+    """
+    import flashinfer
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.varlen import varlen_attn
+
+    out: dict[str, Any] = {}
+    for name in models:
+        cfg = ARCHS[name].config
+        hq = cfg["num_attention_heads"]
+        hkv = cfg.get("num_key_value_heads") or hq
+        d = cfg.get("head_dim") or cfg["hidden_size"] // hq
+        t = seqs * length
+        qkv = torch.randn(t, (hq + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
+        q = qkv[:, :hq * d].view(t, hq, d)
+        k = qkv[:, hq * d:(hq + hkv) * d].view(t, hkv, d)
+        v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
+        flop = 4 * seqs * length * length * hq * d
+        row: dict[str, Any] = {"tokens": t, "q_heads": hq, "kv_heads": hkv, "head_dim": d}
+
+        def timed(label: str, fn) -> None:
+            try:
+                ms = _cuda_ms(fn)
+                row[label] = {"ms": ms, "tflops": flop / ms / 1e9}
+            except Exception as exc:  # noqa: BLE001 - a backend that refuses the shape is a finding
+                row[label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+        indptr = torch.arange(0, t + 1, length, dtype=torch.int32)
+        for backend in ("fa3", "fa2"):
+            try:
+                wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+                    torch.empty(256 << 20, dtype=torch.uint8, device="cuda"), "NHD", backend=backend)
+                wrapper.plan(indptr, indptr, hq, hkv, d, causal=False, q_data_type=torch.bfloat16,
+                             kv_data_type=torch.bfloat16)
+            except Exception as exc:  # noqa: BLE001
+                row[f"flashinfer_{backend}"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                continue
+            qc, kc, vc = (q, k, v) if backend == "fa3" else (q.contiguous(), k.contiguous(), v.contiguous())
+            timed(f"flashinfer_{backend}", lambda: wrapper.run(qc, kc, vc))
+        cu = indptr.to("cuda")
+        if hkv == hq:
+            timed("varlen", lambda: varlen_attn(q, k, v, cu, cu, length, length))
+        dense = [x.view(seqs, length, x.shape[1], d).transpose(1, 2) for x in (q, k, v)]
+        for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"):
+            def sdpa(backend=backend):
+                with sdpa_kernel(getattr(SDPBackend, backend)):
+                    o = F.scaled_dot_product_attention(*dense, enable_gqa=hkv != hq)
+                return o.transpose(1, 2).reshape(t, hq * d)
+            timed(f"sdpa_{backend.lower()}", sdpa)
+        out[name] = row
     return out
 
 
@@ -234,6 +320,8 @@ VARIANTS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "fa3": ({"FERN_FLASHINFER_BACKEND": "fa3", "FERN_FLASHINFER_CONTIGUOUS": "0"}, {"attention": "flashinfer"}),
     "addmm-residual": ({"FERN_ADDMM_RESIDUAL": "1"}, {}),
 }
+# Variants that run the whole model (compile, capture, measurement) under another BLAS library.
+BLAS_VARIANTS = {"cublaslt": "cublaslt", "cublas": "cublas"}
 
 
 def kernel_bound(profile: dict[str, Any], texts: int) -> dict[str, float]:
@@ -254,7 +342,8 @@ def part_models(models: list[str], models_dir: Path, per_step: list[int], peak: 
     reference: dict[str, torch.Tensor] = {}
     for label in models:
         try:
-            out[label] = _profile_model(label, models_dir, per_step, peak, reference)
+            with blas_library(BLAS_VARIANTS.get(label.partition("+")[2])):
+                out[label] = _profile_model(label, models_dir, per_step, peak, reference)
         except Exception as exc:  # noqa: BLE001 - keep the other models' figures
             traceback.print_exc()
             out[label] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -267,7 +356,9 @@ def _profile_model(label: str, models_dir: Path, per_step: list[int], peak: floa
     from core_engine.engine import Engine
 
     name, _, variant = label.partition("+")
-    env, options = VARIANTS[variant] if variant else ({}, {})
+    if variant and variant not in VARIANTS and variant not in BLAS_VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; known: {sorted({*VARIANTS, *BLAS_VARIANTS})}")
+    env, options = VARIANTS.get(variant, ({}, {}))
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     path = build_random_model(ARCHS[name], models_dir / name, seed=0, dtype=torch.bfloat16, device="cuda")
@@ -314,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-step", type=int, nargs="+", default=[16, 32, 64, 128])
     p.add_argument("--tag", default="h200")
     p.add_argument("--small-tokens", type=int, nargs="+", default=[16, 128])
-    p.add_argument("--skip", nargs="*", default=[], choices=["gemm", "attention_32x512", "small", "models"])
+    p.add_argument("--gemm-tokens", type=int, nargs="+", default=[128, 8192, 16384, 32768])
+    p.add_argument("--skip", nargs="*", default=[], choices=["gemm", "attention_32x512", "attention_uniform", "small", "models"])
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("profile_gpu needs a CUDA GPU", file=sys.stderr)
@@ -330,8 +422,9 @@ def main(argv: list[str] | None = None) -> int:
         "matmul_tflops_8192": peak,
     }
     archs = list(dict.fromkeys(m.partition("+")[0] for m in args.models))
-    parts = {"gemm": lambda: part_gemm(archs, [128, 8192, 16384, 32768]),
+    parts = {"gemm": lambda: part_gemm(archs, args.gemm_tokens),
              "attention_32x512": lambda: part_attention(archs, 32, 512),
+             "attention_uniform": lambda: part_attention_uniform(archs, 32, 512),
              "small": lambda: part_small(archs, Path(args.models_dir), args.small_tokens),
              "models": lambda: part_models(args.models, Path(args.models_dir), args.per_step, peak)}
     for part, run in parts.items():
