@@ -38,6 +38,9 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
                         help="the latency part's models instead of the suite's (e.g. minilm bge-base)")
     parser.add_argument("--latency-lengths", nargs="+", type=int, default=None, metavar="TOKENS",
                         help="the latency part's tokens per text instead of the suite's")
+    parser.add_argument("--capture-prewarm", default="", metavar="SPEC",
+                        help="the capture part also loads a server started with --prewarm SPEC (e.g. queries), "
+                             "with the same requests as the lazy one")
     parser.add_argument("--tag", default="",
                         help="suffix for the result file names, e.g. the machine")
     parser.set_defaults(func=run_from_args)
@@ -59,6 +62,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         tag=args.tag,
         latency_models=tuple(args.latency_models or ()),
         latency_lengths=tuple(args.latency_lengths or ()),
+        capture_prewarm=args.capture_prewarm,
     )
     run_suite(options)
     return 0

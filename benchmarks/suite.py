@@ -53,6 +53,7 @@ class BenchOptions:
     tag: str = ""
     latency_models: tuple[str, ...] = ()  # empty: the plan's
     latency_lengths: tuple[int, ...] = ()
+    capture_prewarm: str = ""  # also run the capture part's load against `fern serve --prewarm` this
 
 
 @dataclass(frozen=True)
@@ -609,7 +610,11 @@ def _mixed_request(rng: random.Random, pool: list[str]) -> list[str]:
 
 
 def part_capture(ctx: Context) -> dict[str, Any]:
-    """Time to SERVING with lazy capture, and latency during the first window of a mixed load against after."""
+    """Time to SERVING with lazy capture, and latency during the first window of a mixed load against after.
+
+    With `--capture-prewarm SPEC`, a second server started with `--prewarm SPEC` then takes the
+    same request sequence ("prewarm" in the result): what capturing at start buys the first window.
+    """
     plan = ctx.plan
     name = plan.capture_model
     model = ctx.model_dir(name)
@@ -621,44 +626,64 @@ def part_capture(ctx: Context) -> dict[str, Any]:
     lengths = [rng.randint(8, min(512, spec.max_tokens)) for _ in range(400)]
     pool = make_texts(tok, lengths, seed=6)
     first, after = plan.capture_windows
-    samples: list[tuple[float, float]] = []
     why_not = _sidecar_reason(ctx)
     result: dict[str, Any] = {"model": name, "windows_s": [first, after]}
     if why_not is None:
-        from sidecar.client import FernClient
+        state = rng.getstate()
+        result.update(_capture_e2e(ctx, name, rng, pool))
+        if ctx.options.capture_prewarm:
+            rng.setstate(state)  # the same requests, in the same order
+            result["prewarm"] = {"spec": ctx.options.capture_prewarm,
+                                 **_capture_e2e(ctx, name, rng, pool, ("--prewarm", ctx.options.capture_prewarm))}
+        return result
+    from core_engine.engine import Engine
 
-        served = _serve(ctx, name)
-        result["mode"] = "e2e gRPC (fern serve subprocess)"
-        result["seconds_to_serving"] = round(served.seconds_to_serving, 2)
-        result["server_command"] = " ".join(served.command)
-        try:
-            with FernClient(served.target, timeout=120) as client:
-                t0 = time.perf_counter()
-                while (now := time.perf_counter() - t0) < first + after:
-                    req = _mixed_request(rng, pool)
-                    start = time.perf_counter()
-                    client.embed(req)
-                    samples.append((now, (time.perf_counter() - start) * 1e3))
-        finally:
-            served.stop()
-    else:
-        from core_engine.engine import Engine
-
-        result["mode"] = f"engine-level (sidecar: {why_not})"
-        started = time.perf_counter()
-        engine = Engine(model, device=ctx.device, attention=ctx.options.attention)
-        result["seconds_to_ready"] = round(time.perf_counter() - started, 2)
-        t0 = time.perf_counter()
-        while (now := time.perf_counter() - t0) < first + after:
-            req = [e.ids for e in tok.encode_batch_fast(_mixed_request(rng, pool))]
-            start = time.perf_counter()
-            engine.embed(req)
-            samples.append((now, (time.perf_counter() - start) * 1e3))
-        result["engine_info"] = _engine_info(engine)
-    result["first_window"] = _percentiles([ms for t, ms in samples if t < first])
-    result["after"] = _percentiles([ms for t, ms in samples if t >= first])
-    result["timeline"] = [[round(t, 3), round(ms, 3)] for t, ms in samples[:: max(1, len(samples) // 2000)]]
+    samples: list[tuple[float, float]] = []
+    result["mode"] = f"engine-level (sidecar: {why_not})"
+    started = time.perf_counter()
+    engine = Engine(model, device=ctx.device, attention=ctx.options.attention)
+    result["seconds_to_ready"] = round(time.perf_counter() - started, 2)
+    t0 = time.perf_counter()
+    while (now := time.perf_counter() - t0) < first + after:
+        req = [e.ids for e in tok.encode_batch_fast(_mixed_request(rng, pool))]
+        start = time.perf_counter()
+        engine.embed(req)
+        samples.append((now, (time.perf_counter() - start) * 1e3))
+    result["engine_info"] = _engine_info(engine)
+    result.update(_windows(samples, first))
     return result
+
+
+def _capture_e2e(ctx: Context, name: str, rng: random.Random, pool: list[str],
+                 extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Start `fern serve` (with `extra` flags) and send it the mixed load for both windows."""
+    from sidecar.client import FernClient
+
+    first, after = ctx.plan.capture_windows
+    samples: list[tuple[float, float]] = []
+    served = _serve(ctx, name, extra)
+    result: dict[str, Any] = {"mode": "e2e gRPC (fern serve subprocess)",
+                              "seconds_to_serving": round(served.seconds_to_serving, 2),
+                              "server_command": " ".join(served.command)}
+    try:
+        with FernClient(served.target, timeout=120) as client:
+            t0 = time.perf_counter()
+            while (now := time.perf_counter() - t0) < first + after:
+                req = _mixed_request(rng, pool)
+                start = time.perf_counter()
+                client.embed(req)
+                samples.append((now, (time.perf_counter() - start) * 1e3))
+    finally:
+        served.stop()
+    result.update(_windows(samples, first))
+    return result
+
+
+def _windows(samples: list[tuple[float, float]], first: float) -> dict[str, Any]:
+    """Latency percentiles of the first window and of the rest, and a thinned timeline."""
+    return {"first_window": _percentiles([ms for t, ms in samples if t < first]),
+            "after": _percentiles([ms for t, ms in samples if t >= first]),
+            "timeline": [[round(t, 3), round(ms, 3)] for t, ms in samples[:: max(1, len(samples) // 2000)]]}
 
 
 def part_backends(ctx: Context) -> dict[str, Any]:
@@ -848,6 +873,11 @@ def summary(results: dict[str, Any]) -> str:
         p99 = [f"{w['p99_ms']:.2f} ms" if w else "no requests" for w in (cap["first_window"], cap["after"])]
         lines.append(f"capture {cap['model']}: ready in {ready} s; p99 first window {p99[0]} vs after {p99[1]} "
                      f"({cap['mode']})")
+        warm = cap.get("prewarm")
+        if warm and "first_window" in warm:
+            p99 = [f"{w['p99_ms']:.2f} ms" if w else "no requests" for w in (warm["first_window"], warm["after"])]
+            lines.append(f"capture {cap['model']} with --prewarm {warm['spec']}: ready in {warm['seconds_to_serving']} s; "
+                         f"p99 first window {p99[0]} vs after {p99[1]}")
     for part, e in parts.items():
         if isinstance(e, dict) and "error" in e:
             lines.append(f"{part}: ERROR {e['error']}")

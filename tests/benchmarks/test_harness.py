@@ -59,6 +59,7 @@ def test_bench_verb_parses_into_options() -> None:
         parser.parse_args(["bench", "--suite", "tpu"])
     args = parser.parse_args(["bench", "--latency-models", "minilm", "bge-base", "--latency-lengths", "32"])
     assert (args.latency_models, args.latency_lengths) == (["minilm", "bge-base"], [32])
+    assert parser.parse_args(["bench", "--capture-prewarm", "queries"]).capture_prewarm == "queries"
 
 
 def test_cpu_plan_stays_small() -> None:
@@ -118,3 +119,49 @@ def test_provenance_hashes_the_sources_and_tells_when_they_differ_from_the_commi
     (tmp_path / "sidecar").mkdir()
     (tmp_path / "sidecar" / "new.py").write_text("")  # an untracked source counts too
     assert code_identity(tmp_path)["sources_match_commit"] is False
+
+
+def test_capture_with_prewarm_sends_the_same_requests_to_a_prewarmed_server(monkeypatch, tmp_path: Path) -> None:
+    import dataclasses
+    import types
+
+    import sidecar.client
+    from benchmarks import suite
+
+    served_with: list[tuple[str, ...]] = []
+    sent: dict[tuple[str, ...], list[list[str]]] = {}
+
+    def serve(ctx, name, extra=()):
+        served_with.append(tuple(extra))
+        sent[tuple(extra)] = []
+        return types.SimpleNamespace(target=f"t{len(served_with)}", seconds_to_serving=0.5,
+                                     command=["fern", "serve", *extra], stop=lambda: None)
+
+    class Client:
+        def __init__(self, target, timeout):
+            self.calls = sent[served_with[-1]]
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def embed(self, texts):
+            self.calls.append(list(texts))
+
+    monkeypatch.setattr(suite, "_serve", serve)
+    monkeypatch.setattr(suite, "_sidecar_reason", lambda ctx: None)
+    monkeypatch.setattr(sidecar.client, "FernClient", Client)
+    plan = dataclasses.replace(PLANS["cpu"], capture_windows=(0.02, 0.02))
+    ctx = suite.Context(options=suite.BenchOptions(capture_prewarm="queries"), plan=plan, device="cpu",
+                        models_dir=tmp_path, log_dir=tmp_path)
+    result = suite.part_capture(ctx)
+    assert served_with == [(), ("--prewarm", "queries")]
+    lazy, warm = sent[()], sent[("--prewarm", "queries")]
+    assert lazy and warm
+    common = min(len(lazy), len(warm))  # each run sends for as long as its windows last
+    assert lazy[:common] == warm[:common]
+    assert result["prewarm"]["spec"] == "queries"
+    assert result["prewarm"]["server_command"].endswith("--prewarm queries")
+    assert "first_window" in result and "first_window" in result["prewarm"]
