@@ -230,14 +230,14 @@ def _sidecar_reason(ctx: Context) -> str | None:
     return sidecar_available()
 
 
-def _serve(ctx: Context, name: str, extra: tuple[str, ...] = ()):
+def _serve(ctx: Context, name: str, extra: tuple[str, ...] = (), log_name: str | None = None):
     from benchmarks.server import start_sidecar
 
     model = ctx.model_dir(name)
     flags = list(ctx.plan.server_flags) + list(extra)
     if ctx.options.attention != "auto":
         flags += ["--attention", ctx.options.attention]
-    return start_sidecar(model, device=ctx.device, extra=flags, log_dir=ctx.log_dir, name=name)
+    return start_sidecar(model, device=ctx.device, extra=flags, log_dir=ctx.log_dir, name=log_name or name)
 
 
 # ----------------------------------------------------------------------------------- parts
@@ -661,7 +661,8 @@ def _capture_e2e(ctx: Context, name: str, rng: random.Random, pool: list[str],
 
     first, after = ctx.plan.capture_windows
     samples: list[tuple[float, float]] = []
-    served = _serve(ctx, name, extra)
+    # Its own log file: the prewarmed server's must not overwrite the lazy one's.
+    served = _serve(ctx, name, extra, log_name=f"{name}-prewarm" if extra else None)
     result: dict[str, Any] = {"mode": "e2e gRPC (fern serve subprocess)",
                               "seconds_to_serving": round(served.seconds_to_serving, 2),
                               "server_command": " ".join(served.command)}

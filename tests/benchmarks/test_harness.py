@@ -131,8 +131,11 @@ def test_capture_with_prewarm_sends_the_same_requests_to_a_prewarmed_server(monk
     served_with: list[tuple[str, ...]] = []
     sent: dict[tuple[str, ...], list[list[str]]] = {}
 
-    def serve(ctx, name, extra=()):
+    logs: list[str | None] = []
+
+    def serve(ctx, name, extra=(), log_name=None):
         served_with.append(tuple(extra))
+        logs.append(log_name)
         sent[tuple(extra)] = []
         return types.SimpleNamespace(target=f"t{len(served_with)}", seconds_to_serving=0.5,
                                      command=["fern", "serve", *extra], stop=lambda: None)
@@ -158,6 +161,7 @@ def test_capture_with_prewarm_sends_the_same_requests_to_a_prewarmed_server(monk
                         models_dir=tmp_path, log_dir=tmp_path)
     result = suite.part_capture(ctx)
     assert served_with == [(), ("--prewarm", "queries")]
+    assert logs[0] != logs[1]  # two log files, not one overwritten
     lazy, warm = sent[()], sent[("--prewarm", "queries")]
     assert lazy and warm
     common = min(len(lazy), len(warm))  # each run sends for as long as its windows last
