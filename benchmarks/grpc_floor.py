@@ -85,11 +85,6 @@ VARIANTS.update({
     "uv sidecar, engine 1 ms": ({}, {**_UV, "FERN_FLOOR_SERVER": "sidecar"}, _CLIENT),
     "uv sidecar, engine 1 ms, no loop poll": (
         {}, {**_UV, "FERN_FLOOR_SERVER": "sidecar", "FERN_ONLINE_POLL_MS": "0"}, _CLIENT),
-    # `fern serve --front-end-cpu`: the loop and gRPC's poller thread on one CPU (sidecar.server.pin_front_end).
-    "uv bare, polls 1.3 ms, front end on CPU 2": (
-        {}, {**_UV, "FERN_FLOOR_WAIT": "poll", "FERN_FLOOR_WAIT_US": "1300", "FERN_FLOOR_PIN": "2"}, _CLIENT),
-    "uv sidecar, engine 1 ms, front end on CPU 2": (
-        {}, {**_UV, "FERN_FLOOR_SERVER": "sidecar", "FERN_FLOOR_PIN": "2"}, _CLIENT),
 })
 
 
@@ -157,10 +152,6 @@ def serve(port: int) -> None:
         server = await _bare_server(port, dimensions, [], wait=_wait(mode) if mode else None,
                                     options=server_options() if "options" in adds else (),
                                     setup=functools.partial(_add_servicers, adds))
-        if os.environ.get("FERN_FLOOR_PIN"):
-            from sidecar.server import pin_front_end
-
-            pin_front_end(int(os.environ["FERN_FLOOR_PIN"]))
         await server.wait_for_termination()
         if registry is not None:
             await registry.drain()
@@ -194,8 +185,7 @@ async def _sidecar(port: int, dimensions: int, adds: set[str], wait) -> None:
 
     registry = await stand_in_registry(os.environ.get("FERN_FLOOR_MODEL"), "cpu",
                                         int(os.environ.get("FERN_FLOOR_ENGINE_US", "1000")))
-    pin = os.environ.get("FERN_FLOOR_PIN")
-    sidecar = Sidecar(registry, host="127.0.0.1", port=port, front_end_cpu=int(pin) if pin else None)
+    sidecar = Sidecar(registry, host="127.0.0.1", port=port)
     if "bare-handler" in adds:
         sidecar.service.Embed = _bare_embed(dimensions, [], wait)
     await sidecar.start()

@@ -302,17 +302,12 @@ async def serve(args: argparse.Namespace) -> None:
         marks: list[tuple[int, int]] = []
         wait = polling_wait(args.bare_wait_us / 1e6) if args.bare_wait_us else None
         bare = await _bare_server(args.port, args.dimensions, loop_cpu, wait, marks=marks)
-        if args.front_end_cpu is not None:  # the floor on the sidecar's footing
-            from sidecar.server import pin_front_end
-
-            pin_front_end(args.front_end_cpu)
         await stop.wait()
         await bare.stop(0)
         Path(args.trace).write_text(json.dumps({"loop_cpu": loop_cpu, "marks": marks}))
         return
     registry = await stand_in_registry(args.model, args.device, args.engine_us)
-    sidecar = Sidecar(registry, host="127.0.0.1", port=args.port, token=args.token,
-                      front_end_cpu=args.front_end_cpu)
+    sidecar = Sidecar(registry, host="127.0.0.1", port=args.port, token=args.token)
     trace = Trace()
     if not args.no_trace:
         _instrument(sidecar, trace)
@@ -348,8 +343,6 @@ def _start_server(args: argparse.Namespace, trace_path: Path, log_path: Path, *,
         command += ["--no-trace"]
     if args.engine_us:
         command += ["--engine-us", str(args.engine_us)]
-    if args.front_end_cpu is not None:
-        command += ["--front-end-cpu", str(args.front_end_cpu)]
     if args.loop != "asyncio":
         command += ["--loop", args.loop]
     # Both servers run with the gRPC setting `fern serve` applies to itself (or --server-grpc);
@@ -611,8 +604,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bare-wait-us", type=int, default=0,
                    help="the bare server's Embed polls this long before it answers, as the sidecar's loop "
                         "polls its step: gRPC's own stages grow with the handler's time on a VM")
-    p.add_argument("--front-end-cpu", type=int, default=None,
-                   help="run both servers' event loop and gRPC poller on this CPU (fern serve --front-end-cpu)")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--trace", default=None, help=argparse.SUPPRESS)

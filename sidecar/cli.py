@@ -128,10 +128,6 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default=_env("LOOP", "auto"),
                    help="event loop: uvloop (auto: when installed; it cut the sidecar's own cost per "
                         "query by 0.1-0.27 ms on the H200 host) or asyncio's (env FERN_LOOP)")
-    p.add_argument("--front-end-cpu", type=int, default=_env_int("FRONT_END_CPU", None),
-                   help="run the event loop and gRPC's poller thread on this CPU, so that on a VM "
-                        "a query's wake-ups stay on one awake vCPU (env FERN_FRONT_END_CPU; "
-                        "default: wherever the kernel puts them)")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"),
                    help="logging level (env FERN_LOG_LEVEL; default %(default)s)")
     p.add_argument("--prewarm", default=_env("PREWARM", ""),
@@ -333,13 +329,8 @@ def settle_heap() -> int:
 async def run_sidecar(args: argparse.Namespace,
                       after_start: Callable[[str], object] | None = None) -> int:
     """Load the models, serve until SIGTERM/SIGINT (or until `after_start` returns False), drain."""
-    from sidecar.server import Sidecar, check_cpu
+    from sidecar.server import Sidecar
 
-    if args.front_end_cpu is not None:
-        try:
-            check_cpu(args.front_end_cpu)
-        except ValueError as error:
-            raise SystemExit(f"fern: --front-end-cpu: {error}") from None
     if args.pg_port is not None and not args.token:
         raise SystemExit("fern: --pg-port needs --token (it is the Postgres endpoint's password)")
     for flag, port in (("--port", args.port), ("--pg-port", args.pg_port), ("--metrics-port", args.metrics_port)):
@@ -357,7 +348,7 @@ async def run_sidecar(args: argparse.Namespace,
         raise SystemExit(f"fern: {error}") from None
     frozen = settle_heap()
     sidecar = Sidecar(registry, host=args.host, port=args.port, token=args.token,
-                      max_inputs=args.max_request_inputs, front_end_cpu=args.front_end_cpu)
+                      max_inputs=args.max_request_inputs)
     if args.pg_port is not None:
         from sidecar.pgwire import PgWireServer
 

@@ -17,8 +17,6 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import os
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -341,56 +339,19 @@ def enable_reflection(server: grpc.aio.Server) -> None:
          reflection.SERVICE_NAME), server)
 
 
-def check_cpu(cpu: int) -> None:
-    """Raise ValueError unless this process may run on `cpu`."""
-    allowed = os.sched_getaffinity(0)
-    if cpu not in allowed:
-        raise ValueError(f"front-end CPU {cpu} is not one this process may run on "
-                         f"(allowed: {','.join(map(str, sorted(allowed)))})")
-
-
-def pin_front_end(cpu: int) -> list[int]:
-    """Run the calling thread (the event loop's) and gRPC's completion-queue poller on `cpu`.
-
-    A query's gRPC path crosses two threads: gRPC aio's poller thread wakes on the socket
-    and hands the call to the loop. Between queries the poller sleeps; on a VM whose idle
-    vCPUs halt, waking it after a millisecond-long query costs a host-side wake-up. The loop
-    stays awake for a while after each query (Scheduler._collect_on_loop's poll), so on the
-    loop's CPU the poller's wake-up is a context switch instead. Other threads are left
-    where the kernel puts them. Returns the native ids of the threads pinned; raises
-    ValueError when `cpu` is not one this process may run on, RuntimeError when gRPC's
-    poller thread is not found (a gRPC release that runs it differently).
-    """
-    check_cpu(cpu)
-    pollers = [t for t in threading.enumerate() if t.name.endswith("(_poll_wrapper)")]
-    if not pollers:
-        raise RuntimeError("front-end CPU: gRPC aio's poller thread was not found "
-                           "(start a grpc.aio server first)")
-    threads = [threading.current_thread(), *pollers]
-    for thread in threads:
-        os.sched_setaffinity(thread.native_id, {cpu})
-    return [t.native_id for t in threads]
-
-
 class Sidecar:
     """The sidecar's gRPC face: `await Sidecar(registry).start()`, later `await stop()`.
 
     `port` 0 binds a free port (read `.port` after start). `token` turns on shared-secret
     auth. `extras` are other front ends sharing the gateway (objects with async
     start()/stop(), e.g. the Postgres-protocol endpoint); they start after the gRPC
-    server and stop first on drain. `front_end_cpu` runs the event loop and gRPC's poller
-    thread on that CPU once the server has started (pin_front_end); start() must then be
-    awaited on the loop that will serve.
+    server and stop first on drain.
     """
 
     def __init__(self, registry: Registry, *, host: str = "127.0.0.1", port: int = 50051,
                  token: str | None = None, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 stream_window: int = STREAM_WINDOW, max_inputs: int | None = None,
-                 front_end_cpu: int | None = None) -> None:
+                 stream_window: int = STREAM_WINDOW, max_inputs: int | None = None) -> None:
         self.registry = registry
-        if front_end_cpu is not None:
-            check_cpu(front_end_cpu)
-        self.front_end_cpu = front_end_cpu
         self.host = host
         self.port = port
         self.token = token or None
@@ -426,10 +387,6 @@ class Sidecar:
         self.port = bound
         await server.start()
         self._server = server
-        if self.front_end_cpu is not None:
-            threads = pin_front_end(self.front_end_cpu)
-            log.info("event loop and gRPC poller (threads %s) pinned to CPU %d",
-                     ", ".join(map(str, threads)), self.front_end_cpu)
         for extra in self.extras:
             await extra.start()
         for service in ("", SERVICE_NAME):
