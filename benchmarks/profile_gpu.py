@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -139,6 +140,23 @@ def part_attention(models: list[str], seqs: int, length: int) -> dict[str, Any]:
     return out
 
 
+def _fa3_once(q, k, v, indptr, hq: int, hkv: int, d: int) -> torch.Tensor:
+    """FlashInfer's packed attention (fa3) of one batch, planned for it: the reference output."""
+    import flashinfer
+
+    wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+        torch.empty(256 << 20, dtype=torch.uint8, device="cuda"), "NHD", backend="fa3")
+    wrapper.plan(indptr, indptr, hq, hkv, d, causal=False, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+    return wrapper.run(q, k, v)
+
+
+def _max_diff(fn, reference) -> float | str:
+    try:
+        return float((fn().float() - reference().float()).abs().max())
+    except Exception as exc:  # noqa: BLE001 - a kernel that refuses the batch is a finding
+        return f"{type(exc).__name__}: {exc}"[:300]
+
+
 def part_attention_uniform(models: list[str], seqs: int, length: int) -> dict[str, Any]:
     """One layer's attention over `seqs` sequences of `length` tokens, as packed kernels and as dense SDPA.
 
@@ -146,7 +164,8 @@ def part_attention_uniform(models: list[str], seqs: int, length: int) -> dict[st
     packed kernels are the engine's (FlashInfer fa3 / fa2, planned once; varlen_attn); the
     dense ones are SDPA's backends on [seqs, heads, length, head_dim] views of the same
     tensors, timed with the copy back to the packed [tokens, heads * head_dim] layout the
-    next projection reads. A uniform-length step (every text truncated to the same length)
+    next projection reads. Each has its wall time per call (`ms`, launch included) and its
+    kernels' time (`kernel_ms`, what it would cost inside a CUDA graph). A uniform-length step (every text truncated to the same length)
     could take the dense path: this says whether it would pay.
     """
     import flashinfer
@@ -169,8 +188,8 @@ def part_attention_uniform(models: list[str], seqs: int, length: int) -> dict[st
 
         def timed(label: str, fn) -> None:
             try:
-                ms = _cuda_ms(fn)
-                row[label] = {"ms": ms, "tflops": flop / ms / 1e9}
+                ms, kernel_ms = _cuda_ms(fn), _kernel_ms(fn)
+                row[label] = {"ms": ms, "kernel_ms": kernel_ms, "kernel_tflops": flop / kernel_ms / 1e9}
             except Exception as exc:  # noqa: BLE001 - a backend that refuses the shape is a finding
                 row[label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
 
@@ -189,6 +208,19 @@ def part_attention_uniform(models: list[str], seqs: int, length: int) -> dict[st
         cu = indptr.to("cuda")
         if hkv == hq:
             timed("varlen", lambda: varlen_attn(q, k, v, cu, cu, length, length))
+
+        def cudnn_ragged(q=q, k=k, v=v, cu=cu, longest=length):
+            # cuDNN's SDPA on the packed layout, as nested-tensor SDPA calls it (THD, ragged offsets).
+            return torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu, cu, longest, longest, False)[0]
+        timed("cudnn_ragged", cudnn_ragged)
+        row["cudnn_ragged_max_abs_diff_vs_fa3"] = _max_diff(cudnn_ragged, lambda: _fa3_once(q, k, v, indptr, hq, hkv, d))
+        # The same on sequences of mixed lengths (a packed step of real texts), against fa3.
+        lengths = [length, 7, 300, 129, 64, 1, 511, 200] * (seqs // 8)
+        mixed = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+        tm = int(mixed[-1])
+        row["cudnn_ragged_mixed_max_abs_diff_vs_fa3"] = _max_diff(
+            lambda: cudnn_ragged(q[:tm], k[:tm], v[:tm], mixed.to("cuda"), max(lengths)),
+            lambda: _fa3_once(q[:tm], k[:tm], v[:tm], mixed, hq, hkv, d))
         dense = [x.view(seqs, length, x.shape[1], d).transpose(1, 2) for x in (q, k, v)]
         for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"):
             def sdpa(backend=backend):
@@ -198,6 +230,22 @@ def part_attention_uniform(models: list[str], seqs: int, length: int) -> dict[st
             timed(f"sdpa_{backend.lower()}", sdpa)
         out[name] = row
     return out
+
+
+def _kernel_ms(fn, reps: int = 10) -> float:
+    """GPU kernel time of one `fn()` call (the profiler's sum over `reps` calls, divided), which leaves
+    out the host's launch cost that `_cuda_ms` includes when a call launches slower than it runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    return sum(ev.device_time for ev in prof.events()
+               if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0) / 1e3 / reps
 
 
 def _kernel_class(name: str) -> str:
@@ -246,6 +294,50 @@ def _profile_eager(engine, seqs: list[list[int]]) -> dict[str, Any]:
         "by_class_ms": by_class,
         "top": [{"kernel": k[:160], "class": _kernel_class(k), "calls": len(t), "total_ms": sum(t)} for k, t in top],
     }
+
+
+def _profile_pipelined(engine, seqs: list[list[int]], steps: int = 8) -> dict[str, Any]:
+    """Where a pipelined step's wall time goes: kernels, or the GPU idle between them.
+
+    Steps `seqs` back to back as the throughput figure does (graph replays, step N+1 prepared
+    while N runs) under the profiler, and splits the wall time per step into the kernels'
+    busy time (the union of their intervals) and the time the GPU ran no kernel. The sum of
+    kernel durations is also given: beside the eager profile's, a rise says the same kernels
+    ran slower in a sustained run (clocks), not that the GPU waited.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        engine.step(engine.prepare(seqs)).result()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        pending = None
+        for _ in range(steps):
+            handle = engine.step(engine.prepare(seqs))
+            if pending is not None:
+                pending.result()
+            pending = handle
+        pending.result()
+        wall = (time.perf_counter() - start) * 1e3
+    spans = sorted((ev.time_range.start, ev.time_range.end) for ev in prof.events()
+                   if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0)
+    if not spans:
+        return {"error": "the profiler recorded no kernels of the replayed graphs"}
+    busy = 0.0
+    cur_start, cur_end = spans[0]
+    for s0, e0 in spans[1:]:
+        if s0 > cur_end:
+            busy += cur_end - cur_start
+            cur_start, cur_end = s0, e0
+        else:
+            cur_end = max(cur_end, e0)
+    busy += cur_end - cur_start
+    first, last = spans[0][0], max(e for _, e in spans)
+    return {"steps": steps, "kernels_per_step": len(spans) / steps,
+            "wall_ms_per_step": wall / steps,
+            "kernel_sum_ms_per_step": sum(e - s for s, e in spans) / 1e3 / steps,
+            "gpu_busy_ms_per_step": busy / 1e3 / steps,
+            "gpu_idle_ms_per_step": ((last - first) - busy) / 1e3 / steps}
 
 
 def _profile_summary(profile: dict[str, Any], top: int = 6) -> dict[str, Any]:
@@ -387,6 +479,7 @@ def _profile_model(label: str, models_dir: Path, per_step: list[int], peak: floa
         "latency_32x512_replay_ms": _replay_ms(engine, text * 32, reps=20),
         "profile_1x128": _profile_eager(engine, query),
         "profile_32x512": _profile_eager(engine, text * 32),
+        "pipelined_32x512": _profile_pipelined(engine, text * 32),
         "counters": engine.counters.as_dict(),
     }
     entry["kernel_bound_32x512_embeddings_per_s"] = kernel_bound(entry["profile_32x512"], 32)
