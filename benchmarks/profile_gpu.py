@@ -434,12 +434,14 @@ def part_models(models: list[str], models_dir: Path, per_step: list[int], peak: 
     out = {}
     reference: dict[str, torch.Tensor] = {}
     for label in models:
+        # A label given again (an A/B/A/B run) keeps its own entry: "label #2", ...
+        key = label if label not in out else f"{label} #{sum(k.split(' #')[0] == label for k in out) + 1}"
         try:
             with blas_library(BLAS_VARIANTS.get(label.partition("+")[2])):
-                out[label] = _profile_model(label, models_dir, per_step, peak, reference)
+                out[key] = _profile_model(label, models_dir, per_step, peak, reference)
         except Exception as exc:  # noqa: BLE001 - keep the other models' figures
             traceback.print_exc()
-            out[label] = {"error": f"{type(exc).__name__}: {exc}"}
+            out[key] = {"error": f"{type(exc).__name__}: {exc}"}
         torch.cuda.empty_cache()
     return out
 
