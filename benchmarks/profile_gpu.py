@@ -255,7 +255,7 @@ def _kernel_class(name: str) -> str:
         return "attention"
     if any(s in low for s in ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "sm100_")):
         return "gemm"
-    if "triton" in low or "qk_norm_rope" in low or "silu_mul" in low:  # inductor's kernels, and Fern's own
+    if "triton" in low or "qk_norm_rope" in low:  # inductor's kernels, and Fern's own Triton kernel
         return "fused_elementwise"
     return "other"
 
@@ -411,7 +411,6 @@ VARIANTS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "fa2": ({"FERN_FLASHINFER_BACKEND": "fa2", "FERN_FLASHINFER_CONTIGUOUS": "0"}, {"attention": "flashinfer"}),
     "fa3": ({"FERN_FLASHINFER_BACKEND": "fa3", "FERN_FLASHINFER_CONTIGUOUS": "0"}, {"attention": "flashinfer"}),
     "addmm-residual": ({"FERN_ADDMM_RESIDUAL": "1"}, {}),
-    "torch-swiglu": ({"FERN_SWIGLU_KERNEL": "0"}, {}),
 }
 # Variants that run the whole model (compile, capture, measurement) under another BLAS library.
 BLAS_VARIANTS = {"cublaslt": "cublaslt", "cublas": "cublas"}

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from core_engine.layers.linear import ResidualLinear
-from core_engine.layers.silu_mul import silu_mul
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
@@ -74,9 +73,7 @@ class DenseMLP(nn.Module):
 class SwiGLU(nn.Module):
     """down(act(gate(x)) * up(x)) with gate and up stacked in one weight, one matmul.
 
-    ``down`` feeds the residual stream (`ResidualLinear`). On CUDA a silu activation runs as
-    Fern's kernel (`silu_mul`, one pass over the gate/up output); FERN_SWIGLU_KERNEL=0 leaves
-    the two lines to torch.compile.
+    ``down`` feeds the residual stream (`ResidualLinear`).
     """
 
     def __init__(self, hidden: int, intermediate: int, act: str) -> None:
@@ -85,10 +82,7 @@ class SwiGLU(nn.Module):
         self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down = ResidualLinear(intermediate, hidden)
         self.act = activation(act)
-        self.kernel = self.act is F.silu and os.environ.get("FERN_SWIGLU_KERNEL", "1") != "0"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel and x.is_cuda:
-            return self.down(silu_mul(self.gate_up(x)))
         gate, up = self.gate_up(x).split(self.intermediate, dim=-1)
         return self.down(self.act(gate) * up)

@@ -297,69 +297,6 @@ def test_qk_norm_rope_triton_kernel_matches_torch_formula_in_interpreter():
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
-_TRITON_INTERPRET_SILU = r"""
-import torch
-from core_engine.layers import silu_mul as m
-torch.manual_seed(0)
-for rows, cols in ((1, 8), (5, 1500), (3, 2048)):
-    wide = torch.randn(rows, 2 * cols + 16) * 3
-    gate_up = wide[:, : 2 * cols]
-    got = m._triton_silu_mul(gate_up)
-    assert got.shape == (rows, cols) and got.is_contiguous()
-    torch.testing.assert_close(got, m.silu_mul_reference(gate_up), rtol=1e-5, atol=1e-5)
-print("ok")
-"""
-
-
-def test_silu_mul_triton_kernel_matches_torch_formula_in_interpreter():
-    # The SwiGLU kernel's indexing (gate and up halves of strided rows, a last block only
-    # partly inside the row) in Triton's CPU interpreter, float32, against the formula.
-    import importlib.util
-    import os
-    import subprocess
-    import sys
-
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("Triton is not installed")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", _TRITON_INTERPRET_SILU], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
-
-
-def test_silu_mul_op_on_cpu_is_the_torch_formula_under_compile():
-    from core_engine.layers.silu_mul import silu_mul
-
-    torch.manual_seed(0)
-    gate_up = torch.randn(9, 2 * 48)
-    want = torch.nn.functional.silu(gate_up[:, :48]) * gate_up[:, 48:]
-    with torch.inference_mode():
-        compiled = torch.compile(lambda x: silu_mul(x), dynamic=True)
-        got = compiled(gate_up)
-        torch.testing.assert_close(compiled(gate_up[:4]), want[:4])
-    torch.testing.assert_close(got, want)
-    assert got.is_contiguous()
-
-
-def test_triton_kernels_serve_only_when_they_match_their_formula(monkeypatch):
-    from core_engine.layers import triton_support as t
-
-    monkeypatch.setattr(t, "triton", object())  # as if installed
-    device = torch.device("cpu")
-    assert t.check_kernel("k", device, lambda d: 0.001, tolerance=0.01) is True
-    assert t.check_kernel("k", device, lambda d: 0.5, tolerance=0.01) is False
-    assert t.check_kernel("k", device, lambda d: float("nan"), tolerance=0.01) is False
-
-    def broken(d):
-        raise RuntimeError("no kernel image")
-    assert t.check_kernel("k", device, broken, tolerance=0.01) is False
-    monkeypatch.setattr(t, "triton", None)
-    assert t.check_kernel("k", device, lambda d: 0.0, tolerance=0.01) is False
-    monkeypatch.setattr(t, "triton", object())
-    monkeypatch.setenv("FERN_TRITON_KERNELS", "0")
-    assert t.check_kernel("k", device, lambda d: 0.0, tolerance=0.01) is False
-
-
 def test_qk_norm_rope_op_on_cpu_is_the_torch_formula_under_compile():
     from core_engine.layers.qk_norm_rope import qk_norm_rope, qk_norm_rope_reference
 
