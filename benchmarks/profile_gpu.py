@@ -165,8 +165,10 @@ def part_attention_uniform(models: list[str], seqs: int, length: int) -> dict[st
     dense ones are SDPA's backends on [seqs, heads, length, head_dim] views of the same
     tensors, timed with the copy back to the packed [tokens, heads * head_dim] layout the
     next projection reads. Each has its wall time per call (`ms`, launch included) and its
-    kernels' time (`kernel_ms`, what it would cost inside a CUDA graph). A uniform-length step (every text truncated to the same length)
-    could take the dense path: this says whether it would pay.
+    kernels' time (`kernel_ms`, what it would cost inside a CUDA graph). A uniform-length step
+    (every text truncated to the same length) could take the dense path: this says whether it
+    would pay. cuDNN is also run on the packed layout itself (`cudnn_ragged`) and checked
+    against fa3 on uniform and on mixed lengths.
     """
     import flashinfer
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -213,7 +215,8 @@ def part_attention_uniform(models: list[str], seqs: int, length: int) -> dict[st
             # cuDNN's SDPA on the packed layout, as nested-tensor SDPA calls it (THD, ragged offsets).
             return torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu, cu, longest, longest, False)[0]
         timed("cudnn_ragged", cudnn_ragged)
-        row["cudnn_ragged_max_abs_diff_vs_fa3"] = _max_diff(cudnn_ragged, lambda: _fa3_once(q, k, v, indptr, hq, hkv, d))
+        row["cudnn_ragged_max_abs_diff_vs_fa3"] = _max_diff(
+            cudnn_ragged, lambda: _fa3_once(q, k, v, indptr, hq, hkv, d))
         # The same on sequences of mixed lengths (a packed step of real texts), against fa3.
         lengths = [length, 7, 300, 129, 64, 1, 511, 200] * (seqs // 8)
         mixed = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
@@ -501,7 +504,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tag", default="h200")
     p.add_argument("--small-tokens", type=int, nargs="+", default=[16, 128])
     p.add_argument("--gemm-tokens", type=int, nargs="+", default=[128, 8192, 16384, 32768])
-    p.add_argument("--skip", nargs="*", default=[], choices=["gemm", "attention_32x512", "attention_uniform", "small", "models"])
+    p.add_argument("--skip", nargs="*", default=[],
+                   choices=["gemm", "attention_32x512", "attention_uniform", "small", "models"])
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("profile_gpu needs a CUDA GPU", file=sys.stderr)

@@ -53,7 +53,7 @@ class BenchOptions:
     tag: str = ""
     latency_models: tuple[str, ...] = ()  # empty: the plan's
     latency_lengths: tuple[int, ...] = ()
-    capture_prewarm: str = ""  # also run the capture part's load against `fern serve --prewarm` this
+    capture_prewarm: str = ""  # non-empty: the capture part also loads a server started with --prewarm this
 
 
 @dataclass(frozen=True)
@@ -877,8 +877,8 @@ def summary(results: dict[str, Any]) -> str:
         warm = cap.get("prewarm")
         if warm and "first_window" in warm:
             p99 = [f"{w['p99_ms']:.2f} ms" if w else "no requests" for w in (warm["first_window"], warm["after"])]
-            lines.append(f"capture {cap['model']} with --prewarm {warm['spec']}: ready in {warm['seconds_to_serving']} s; "
-                         f"p99 first window {p99[0]} vs after {p99[1]}")
+            lines.append(f"capture {cap['model']} with --prewarm {warm['spec']}: ready in "
+                         f"{warm['seconds_to_serving']} s; p99 first window {p99[0]} vs after {p99[1]}")
     for part, e in parts.items():
         if isinstance(e, dict) and "error" in e:
             lines.append(f"{part}: ERROR {e['error']}")
