@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from benchmarks.models import ARCHS, build_random_model
 from benchmarks.pg_common import machine
-from benchmarks.suite import _pipelined, flops_per_token, matmul_tflops
+from benchmarks.suite import _pipelined, _pipelined_once, flops_per_token, matmul_tflops
 
 
 def _cuda_ms(fn, reps: int = 20, warmup: int = 3) -> float:
@@ -140,14 +140,19 @@ def part_attention(models: list[str], seqs: int, length: int) -> dict[str, Any]:
     return out
 
 
-def _fa3_once(q, k, v, indptr, hq: int, hkv: int, d: int) -> torch.Tensor:
-    """FlashInfer's packed attention (fa3) of one batch, planned for it: the reference output."""
+def _flashinfer_planned(backend: str, indptr: torch.Tensor, hq: int, hkv: int, d: int):
+    """A FlashInfer ragged-prefill wrapper (`backend` fa3 or fa2) planned for the batch of `indptr`."""
     import flashinfer
 
     wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
-        torch.empty(256 << 20, dtype=torch.uint8, device="cuda"), "NHD", backend="fa3")
+        torch.empty(256 << 20, dtype=torch.uint8, device="cuda"), "NHD", backend=backend)
     wrapper.plan(indptr, indptr, hq, hkv, d, causal=False, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-    return wrapper.run(q, k, v)
+    return wrapper
+
+
+def _fa3_once(q, k, v, indptr, hq: int, hkv: int, d: int) -> torch.Tensor:
+    """FlashInfer's packed attention (fa3) of one batch, planned for it: the reference output."""
+    return _flashinfer_planned("fa3", indptr, hq, hkv, d).run(q, k, v)
 
 
 def _max_diff(fn, reference) -> float | str:
@@ -170,7 +175,6 @@ def part_attention_uniform(models: list[str], seqs: int, length: int) -> dict[st
     would pay. cuDNN is also run on the packed layout itself (`cudnn_ragged`) and checked
     against fa3 on uniform and on mixed lengths.
     """
-    import flashinfer
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.varlen import varlen_attn
 
@@ -198,10 +202,7 @@ def part_attention_uniform(models: list[str], seqs: int, length: int) -> dict[st
         indptr = torch.arange(0, t + 1, length, dtype=torch.int32)
         for backend in ("fa3", "fa2"):
             try:
-                wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
-                    torch.empty(256 << 20, dtype=torch.uint8, device="cuda"), "NHD", backend=backend)
-                wrapper.plan(indptr, indptr, hq, hkv, d, causal=False, q_data_type=torch.bfloat16,
-                             kv_data_type=torch.bfloat16)
+                wrapper = _flashinfer_planned(backend, indptr, hq, hkv, d)
             except Exception as exc:  # noqa: BLE001
                 row[f"flashinfer_{backend}"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                 continue
@@ -247,8 +248,12 @@ def _kernel_ms(fn, reps: int = 10) -> float:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    return sum(ev.device_time for ev in prof.events()
-               if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0) / 1e3 / reps
+    return sum(ev.device_time for ev in _gpu_events(prof)) / 1e3 / reps
+
+
+def _gpu_events(prof) -> list:
+    """The profiler's GPU activity (kernels, copies, memsets) that took time."""
+    return [ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0]
 
 
 def _kernel_class(name: str) -> str:
@@ -284,9 +289,8 @@ def _profile_eager(engine, seqs: list[list[int]]) -> dict[str, Any]:
         eager()
         torch.cuda.synchronize()
     kernels: dict[str, list[float]] = {}
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0:
-            kernels.setdefault(ev.name, []).append(ev.device_time / 1e3)  # ms
+    for ev in _gpu_events(prof):
+        kernels.setdefault(ev.name, []).append(ev.device_time / 1e3)  # ms
     by_class: dict[str, float] = {}
     for kname, times in kernels.items():
         by_class[_kernel_class(kname)] = by_class.get(_kernel_class(kname), 0.0) + sum(times)
@@ -314,16 +318,9 @@ def _profile_pipelined(engine, seqs: list[list[int]], steps: int = 8) -> dict[st
         engine.step(engine.prepare(seqs)).result()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
-        pending = None
-        for _ in range(steps):
-            handle = engine.step(engine.prepare(seqs))
-            if pending is not None:
-                pending.result()
-            pending = handle
-        pending.result()
+        _pipelined_once(engine, [seqs] * steps)
         wall = (time.perf_counter() - start) * 1e3
-    spans = sorted((ev.time_range.start, ev.time_range.end) for ev in prof.events()
-                   if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0)
+    spans = sorted((ev.time_range.start, ev.time_range.end) for ev in _gpu_events(prof))
     if not spans:
         return {"error": "the profiler recorded no kernels of the replayed graphs"}
     busy = 0.0
