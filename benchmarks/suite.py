@@ -869,16 +869,18 @@ def summary(results: dict[str, Any]) -> str:
                          f"(engine {r['fern_engine_tokens_per_s'] / 1e3:.0f} k, tokenizer {r['tokenizer_tokens_per_s'] / 1e3:.0f} k) "
                          f"vs ST {r['st_best_tokens_per_s'] / 1e3:.0f} k (bs {r['st_best_batch_size']}): {r['speedup']:.1f}x")
     cap = parts.get("capture") or {}
+
+    def windows_p99(run: dict[str, Any]) -> str:
+        first, after = (f"{w['p99_ms']:.2f} ms" if w else "no requests" for w in (run["first_window"], run["after"]))
+        return f"p99 first window {first} vs after {after}"
+
     if "first_window" in cap:
         ready = cap.get("seconds_to_serving", cap.get("seconds_to_ready"))
-        p99 = [f"{w['p99_ms']:.2f} ms" if w else "no requests" for w in (cap["first_window"], cap["after"])]
-        lines.append(f"capture {cap['model']}: ready in {ready} s; p99 first window {p99[0]} vs after {p99[1]} "
-                     f"({cap['mode']})")
+        lines.append(f"capture {cap['model']}: ready in {ready} s; {windows_p99(cap)} ({cap['mode']})")
         warm = cap.get("prewarm")
         if warm and "first_window" in warm:
-            p99 = [f"{w['p99_ms']:.2f} ms" if w else "no requests" for w in (warm["first_window"], warm["after"])]
             lines.append(f"capture {cap['model']} with --prewarm {warm['spec']}: ready in "
-                         f"{warm['seconds_to_serving']} s; p99 first window {p99[0]} vs after {p99[1]}")
+                         f"{warm['seconds_to_serving']} s; {windows_p99(warm)}")
     for part, e in parts.items():
         if isinstance(e, dict) and "error" in e:
             lines.append(f"{part}: ERROR {e['error']}")
