@@ -51,7 +51,8 @@ class Qwen3Layer(nn.Module):
         self.qkv = nn.Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=bias)
         self.qk_norm_weight = nn.Parameter(torch.ones(heads + kv_heads, head_dim))
         # With a bias, the projection is addmm(bias, ...), whose 1-D bias cuBLAS adds in its
-        # epilogue; only the bias-free form gets the residual folded in (`ResidualLinear`).
+        # epilogue, and torch.compile leaves the residual add alone; only the bias-free form
+        # would have the residual folded into its matmul, which `ResidualLinear` prevents.
         self.out = (nn.Linear(heads * head_dim, hidden, bias=True) if bias
                     else ResidualLinear(heads * head_dim, hidden))
         self.post_norm = RMSNorm(hidden, eps)
