@@ -411,6 +411,7 @@ VARIANTS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "fa2": ({"FERN_FLASHINFER_BACKEND": "fa2", "FERN_FLASHINFER_CONTIGUOUS": "0"}, {"attention": "flashinfer"}),
     "fa3": ({"FERN_FLASHINFER_BACKEND": "fa3", "FERN_FLASHINFER_CONTIGUOUS": "0"}, {"attention": "flashinfer"}),
     "addmm-residual": ({"FERN_ADDMM_RESIDUAL": "1"}, {}),
+    "full-last": ({"FERN_FULL_LAST_LAYER": "1"}, {}),
 }
 # Variants that run the whole model (compile, capture, measurement) under another BLAS library.
 BLAS_VARIANTS = {"cublaslt": "cublaslt", "cublas": "cublas"}

@@ -8,6 +8,8 @@ a CUDA graph. Zero-length slots pool to zeros; tokens whose ``seq_ids`` entry is
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from core_engine.attention.base import AttentionMetadata
@@ -22,23 +24,43 @@ def mean_pool(hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     return sums[:b] / lens[:, None]
 
 
-def _pick(hidden: torch.Tensor, meta: AttentionMetadata, index: torch.Tensor) -> torch.Tensor:
-    """Rows ``index`` [B] of ``hidden`` as float32, zeros for empty slots."""
-    t = hidden.shape[0]
-    picked = hidden.index_select(0, index.long().clamp(0, max(t - 1, 0))).float()
+def pooled_rows(meta: AttentionMetadata, num_tokens: int, mode: str) -> torch.Tensor | None:
+    """The token row each slot pools, int64 [B] clamped into [0, T); None for "mean", which reads every row.
+
+    A model can pass these rows to its last layer, which then runs its per-row work
+    (projection after attention, norms, MLP) on B rows instead of T: the result is the
+    same, since every other row would be dropped by pooling anyway.
+    """
+    if mode == "mean":
+        return None
+    index = meta.cu_seqlens[:-1] if mode == "cls" else meta.cu_seqlens[1:] - 1
+    return index.long().clamp(0, max(num_tokens - 1, 0))
+
+
+def pools_early(mode: str) -> bool:
+    """Whether a model pooling with ``mode`` runs its last layer on ``pooled_rows`` only.
+
+    It does for "cls" and "last" unless FERN_FULL_LAST_LAYER=1 (every row through the last
+    layer, then pooling: the same vectors, for measuring what the shortcut saves).
+    """
+    return mode != "mean" and os.environ.get("FERN_FULL_LAST_LAYER", "0") in ("0", "")
+
+
+def pool_picked(picked: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """The states of ``pooled_rows`` [B, H] as float32, zeros for empty slots."""
     nonempty = (meta.cu_seqlens[1:] > meta.cu_seqlens[:-1])[:, None]
     # where(), not multiply: a clamped index may land on a padding row holding NaN.
-    return torch.where(nonempty, picked, torch.zeros((), dtype=picked.dtype, device=picked.device))
+    return torch.where(nonempty, picked.float(), torch.zeros((), dtype=torch.float32, device=picked.device))
 
 
 def cls_pool(hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """Each slot's first token state: [T, H] -> [B, H] float32."""
-    return _pick(hidden, meta, meta.cu_seqlens[:-1])
+    return pool_picked(hidden.index_select(0, pooled_rows(meta, hidden.shape[0], "cls")), meta)
 
 
 def last_pool(hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """Each slot's last token state: [T, H] -> [B, H] float32."""
-    return _pick(hidden, meta, meta.cu_seqlens[1:] - 1)
+    return pool_picked(hidden.index_select(0, pooled_rows(meta, hidden.shape[0], "last")), meta)
 
 
 POOLERS = {"mean": mean_pool, "cls": cls_pool, "last": last_pool}

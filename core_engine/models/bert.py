@@ -20,7 +20,7 @@ from core_engine.layers.embedding import Embedding
 from core_engine.layers.linear import QKVLinear, fuse_rows
 from core_engine.layers.mlp import DenseMLP
 from core_engine.layers.norm import LayerNorm
-from core_engine.pooling import POOLERS
+from core_engine.pooling import POOLERS, pool_picked, pooled_rows, pools_early
 
 
 class BertLayer(nn.Module):
@@ -38,9 +38,12 @@ class BertLayer(nn.Module):
         self.mlp_norm = LayerNorm(hidden, eps=eps)
         self.attention = attention
 
-    def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """[T, H] -> [T, H]; with ``rows`` (indices into T), only those rows go on after attention: [len(rows), H]."""
         q, k, v = self.qkv(x)
         a = self.attention(q, k, v, meta).reshape(x.shape[0], -1)
+        if rows is not None:
+            a, x = a.index_select(0, rows), x.index_select(0, rows)
         x = self.attn_norm(x + self.out(a))
         return self.mlp_norm(x + self.mlp(x))
 
@@ -62,16 +65,20 @@ class BertEncoder(nn.Module):
         self.position_embeddings = Embedding(cfg["max_position_embeddings"] - spec.position_offset, hidden)
         self.embed_norm = LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))
         self.layers = nn.ModuleList(BertLayer(cfg, attention) for _ in range(cfg["num_hidden_layers"]))
-        self.pooler = POOLERS[spec.pooling]
+        self.pooling, self.pooler = spec.pooling, POOLERS[spec.pooling]
+        # CLS pooling reads one row per text: the last layer runs only those rows after attention.
+        self.pools_early = pools_early(spec.pooling) and len(self.layers) > 0
         self.causal = spec.causal
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         if meta.causal != self.causal:
             raise ValueError(f"meta.causal={meta.causal} but this model is causal={self.causal}")
         x = self.embed_norm(self.word_embeddings(input_ids) + self.position_embeddings(positions))
-        for layer in self.layers:
-            x = layer(x, meta)
-        return self.pooler(x, meta)
+        rows = pooled_rows(meta, x.shape[0], self.pooling) if self.pools_early else None
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x, meta, rows if i == last else None)
+        return self.pooler(x, meta) if rows is None else pool_picked(x, meta)
 
 
 _PREFIXES = ("bert.", "roberta.", "xlm_roberta.", "model.")

@@ -22,7 +22,7 @@ from core_engine.layers.mlp import SwiGLU
 from core_engine.layers.norm import RMSNorm
 from core_engine.layers.qk_norm_rope import qk_norm_rope
 from core_engine.layers.rotary import RotaryEmbedding
-from core_engine.pooling import POOLERS
+from core_engine.pooling import POOLERS, pool_picked, pooled_rows, pools_early
 
 
 def _head_dim(cfg: dict[str, Any]) -> int:
@@ -61,7 +61,7 @@ class Qwen3Layer(nn.Module):
 
     def forward(
         self, x: torch.Tensor, pending: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: AttentionMetadata, rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(residual stream, the MLP output not yet added to it) -> the same pair after this layer.
 
@@ -69,6 +69,7 @@ class Qwen3Layer(nn.Module):
         layer's input norm, rather than at the end of that layer. Attention splits every layer
         into compiled regions, so an add at a layer's end would be a kernel of its own (or,
         folded into the matmul, a copy); here it fuses with the norm that reads the sum anyway.
+        With ``rows`` (indices into T), only those rows go on after attention.
         """
         if pending is not None:
             x = x + pending
@@ -76,6 +77,8 @@ class Qwen3Layer(nn.Module):
         qk, v = self.qkv(self.input_norm(x)).split([(self.heads + self.kv_heads) * d, self.kv_heads * d], dim=-1)
         q, k = qk_norm_rope(qk.view(t, -1, d), self.qk_norm_weight, cos, sin, self.eps, self.heads)
         a = self.attention(q, k, v.view(t, self.kv_heads, d), meta).reshape(t, -1)
+        if rows is not None:
+            a, x = a.index_select(0, rows), x.index_select(0, rows)
         x = x + self.out(a)
         return x, self.mlp(self.post_norm(x))
 
@@ -96,7 +99,9 @@ class Qwen3Encoder(nn.Module):
         self.rotary = RotaryEmbedding(_head_dim(cfg), float(theta))
         self.layers = nn.ModuleList(Qwen3Layer(cfg, attention) for _ in range(cfg["num_hidden_layers"]))
         self.norm = RMSNorm(cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6))
-        self.pooler = POOLERS[spec.pooling]
+        self.pooling, self.pooler = spec.pooling, POOLERS[spec.pooling]
+        # Last-token pooling reads one row per text: the last layer runs only those rows after attention.
+        self.pools_early = pools_early(spec.pooling) and len(self.layers) > 0
         self.causal = spec.causal
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -104,12 +109,14 @@ class Qwen3Encoder(nn.Module):
             raise ValueError(f"meta.causal={meta.causal} but this model is causal={self.causal}")
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
+        rows = pooled_rows(meta, x.shape[0], self.pooling) if self.pools_early else None
+        last = len(self.layers) - 1
         pending = None
-        for layer in self.layers:
-            x, pending = layer(x, pending, cos, sin, meta)
+        for i, layer in enumerate(self.layers):
+            x, pending = layer(x, pending, cos, sin, meta, rows if i == last else None)
         if pending is not None:
             x = x + pending
-        return self.pooler(self.norm(x), meta)
+        return self.pooler(self.norm(x), meta) if rows is None else pool_picked(self.norm(x), meta)
 
 
 def convert_weights(hf: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:

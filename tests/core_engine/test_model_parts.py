@@ -53,6 +53,39 @@ def test_cpu_attention_matches_naive_attention(causal: bool, kv_heads: int) -> N
     torch.testing.assert_close(get_backend("cpu")(q, k, v, batch.meta), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("arch", ["bert", "qwen3-causal"])
+def test_cls_and_last_token_models_run_the_last_layer_on_the_pooled_rows_only(tmp_path, monkeypatch,
+                                                                                arch: str) -> None:
+    """After the last attention, a CLS or last-token model carries one row per slot, not every token.
+
+    Same vectors as the full last layer (FERN_FULL_LAST_LAYER=1), on a batch padded the way
+    graphs pad it: empty slots in the middle and at the end, and bucket-padding rows, which
+    the clamped row of a trailing empty slot lands on.
+    """
+    from benchmarks.models import build_random_model
+
+    spec = load_spec(build_random_model(arch, tmp_path / arch, seed=0))
+    assert spec.pooling in ("cls", "last")
+    batch = pack([list(range(100, 105)), [], list(range(200, 207)), [7]], causal=spec.causal,
+                 num_tokens=20, num_slots=6)
+
+    def run(full: str) -> tuple[torch.Tensor, list[int]]:
+        monkeypatch.setenv("FERN_FULL_LAST_LAYER", full)
+        model = build_model(spec, "cpu", torch.float32, get_backend("cpu"))
+        rows: list[int] = []
+        model.layers[-1].mlp.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))
+        model.layers[0].mlp.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))
+        with torch.inference_mode():
+            return model(*batch.model_inputs()), rows
+
+    early, early_rows = run("0")
+    full, full_rows = run("1")
+    assert early_rows == [20, 6] and full_rows == [20, 20]
+    assert early.shape == (6, spec.config["hidden_size"]) and torch.isfinite(early).all()
+    assert not early[[1, 4, 5]].any()
+    torch.testing.assert_close(early, full, rtol=1e-5, atol=1e-5)
+
+
 def test_unknown_backend_names_the_choices() -> None:
     assert "cpu" in backend_names()
     with pytest.raises(ValueError, match="'nope' is unknown"):
