@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from benchmarks.models import ARCHS, build_random_model
 from benchmarks.pg_common import machine
-from benchmarks.suite import _pipelined, _pipelined_once, flops_per_token, matmul_tflops
+from benchmarks.suite import _pipelined, _pipelined_once, flops_per_token, matmul_tflops, sustained_matmul_tflops
 
 
 def _cuda_ms(fn, reps: int = 20, warmup: int = 3) -> float:
@@ -517,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "matmul_tflops_8192": peak,
+        "matmul_tflops_8192_sustained": sustained_matmul_tflops("cuda"),
     }
     archs = list(dict.fromkeys(m.partition("+")[0] for m in args.models))
     parts = {"gemm": lambda: part_gemm(archs, args.gemm_tokens),
