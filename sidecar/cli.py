@@ -418,9 +418,9 @@ async def run_sidecar(args: argparse.Namespace,
 # when it is first imported; an explicit GRPC_EXPERIMENTS wins. Bare round trips on the H200
 # host (benchmarks/grpc_floor.py): 586 us with gRPC's defaults, 485 us with the server off
 # EventEngine, 225 us with both processes off. Batch-1 end to end through `fern serve` on the
-# H200 (gpu-h200-stop14-*latency.json, gpu-h200-stop15.json): a client off EventEngine's client
-# alone was no faster than one off both, and gRPC's defaults were the slowest in five runs of six
-# (level in the other); one setting for all.
+# H200 (gpu-h200-stop14-*latency.json, gpu-h200-stop15.json, gpu-h200-stop16.json): a client off
+# EventEngine's client alone was not consistently faster than one off both, and gRPC's defaults
+# were the slowest in seven runs of eight (level in the other); one setting for all.
 GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener"
 
 
