@@ -10,7 +10,7 @@ from tokenizers import Tokenizer
 
 from benchmarks.cli import register
 from benchmarks.models import ARCHS
-from benchmarks.suite import PLANS, flops_per_token
+from benchmarks.suite import PLANS, _settled_heap, _timed_passes, flops_per_token, sustained_matmul_tflops
 from benchmarks.texts import Workload, make_texts, workload_texts
 
 
@@ -45,6 +45,24 @@ def test_flops_per_token_counts_projections_mlp_and_attention() -> None:
     full = flops_per_token(qwen, "qwen3", 512, causal=False)
     assert full == 28 * (proj + mlp + 4 * 512 * 2048)
     assert flops_per_token(qwen, "qwen3", 512, causal=True) == 28 * (proj + mlp + 2 * 512 * 2048)
+
+
+def test_timed_passes_time_each_pass_and_reject_a_short_one() -> None:
+    stepped = iter([100, 100, 100, 100, 99])
+    rates = _timed_passes(lambda: next(stepped), 100)
+    assert len(rates) == 3 and all(r > 0 for r in rates)
+    with pytest.raises(RuntimeError, match="stepped 99 tokens, expected 100"):
+        _timed_passes(lambda: next(stepped), 100)
+
+
+def test_measurements_run_with_the_loaded_heap_frozen_and_release_it_after() -> None:
+    import gc
+
+    kept = [[i] for i in range(1000)]  # tracked containers, as a loaded process holds
+    with _settled_heap():
+        assert gc.get_freeze_count() >= len(kept)
+    assert gc.get_freeze_count() == 0
+    assert sustained_matmul_tflops("cpu") is None  # only a GPU has a power limit to find
 
 
 def test_bench_verb_parses_into_options() -> None:
