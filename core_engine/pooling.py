@@ -66,6 +66,26 @@ def last_pool(hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
 POOLERS = {"mean": mean_pool, "cls": cls_pool, "last": last_pool}
 
 
+class Pooler:
+    """A model's pooling, and whether its last layer runs on the pooled rows only (`pools_early`).
+
+    The model asks `rows(meta, T)` for the rows to keep after its last attention (None: all
+    of them) and calls the pooler on that layer's output, whichever rows it holds.
+    """
+
+    def __init__(self, mode: str, layers: int) -> None:
+        self.mode, self.pool = mode, POOLERS[mode]
+        self.early = layers > 0 and pools_early(mode)
+
+    def rows(self, meta: AttentionMetadata, num_tokens: int) -> torch.Tensor | None:
+        """``pooled_rows`` when the last layer keeps only those, else None."""
+        return pooled_rows(meta, num_tokens, self.mode) if self.early else None
+
+    def __call__(self, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """[T, H] (or [B, H] of ``rows``, when the last layer kept only those) -> [B, H] float32."""
+        return pool_picked(hidden, meta) if self.early else self.pool(hidden, meta)
+
+
 def pool(hidden: torch.Tensor, meta: AttentionMetadata, mode: str) -> torch.Tensor:
     """Pool packed ``hidden`` [T, H] per slot with ``mode`` ("mean" | "cls" | "last")."""
     if mode not in POOLERS:

@@ -20,7 +20,7 @@ from core_engine.layers.embedding import Embedding
 from core_engine.layers.linear import QKVLinear, fuse_rows
 from core_engine.layers.mlp import DenseMLP
 from core_engine.layers.norm import LayerNorm
-from core_engine.pooling import POOLERS, pool_picked, pooled_rows, pools_early
+from core_engine.pooling import Pooler
 
 
 class BertLayer(nn.Module):
@@ -65,20 +65,20 @@ class BertEncoder(nn.Module):
         self.position_embeddings = Embedding(cfg["max_position_embeddings"] - spec.position_offset, hidden)
         self.embed_norm = LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))
         self.layers = nn.ModuleList(BertLayer(cfg, attention) for _ in range(cfg["num_hidden_layers"]))
-        self.pooling, self.pooler = spec.pooling, POOLERS[spec.pooling]
-        # CLS pooling reads one row per text: the last layer runs only those rows after attention.
-        self.pools_early = pools_early(spec.pooling) and len(self.layers) > 0
+        # CLS and last-token pooling read one row per text: the last layer keeps only those rows
+        # after attention.
+        self.pooler = Pooler(spec.pooling, len(self.layers))
         self.causal = spec.causal
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         if meta.causal != self.causal:
             raise ValueError(f"meta.causal={meta.causal} but this model is causal={self.causal}")
         x = self.embed_norm(self.word_embeddings(input_ids) + self.position_embeddings(positions))
-        rows = pooled_rows(meta, x.shape[0], self.pooling) if self.pools_early else None
+        rows = self.pooler.rows(meta, x.shape[0])
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             x = layer(x, meta, rows if i == last else None)
-        return self.pooler(x, meta) if rows is None else pool_picked(x, meta)
+        return self.pooler(x, meta)
 
 
 _PREFIXES = ("bert.", "roberta.", "xlm_roberta.", "model.")

@@ -22,7 +22,7 @@ from core_engine.layers.mlp import SwiGLU
 from core_engine.layers.norm import RMSNorm
 from core_engine.layers.qk_norm_rope import qk_norm_rope
 from core_engine.layers.rotary import RotaryEmbedding
-from core_engine.pooling import POOLERS, pool_picked, pooled_rows, pools_early
+from core_engine.pooling import Pooler
 
 
 def _head_dim(cfg: dict[str, Any]) -> int:
@@ -99,9 +99,9 @@ class Qwen3Encoder(nn.Module):
         self.rotary = RotaryEmbedding(_head_dim(cfg), float(theta))
         self.layers = nn.ModuleList(Qwen3Layer(cfg, attention) for _ in range(cfg["num_hidden_layers"]))
         self.norm = RMSNorm(cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6))
-        self.pooling, self.pooler = spec.pooling, POOLERS[spec.pooling]
-        # Last-token pooling reads one row per text: the last layer runs only those rows after attention.
-        self.pools_early = pools_early(spec.pooling) and len(self.layers) > 0
+        # CLS and last-token pooling read one row per text: the last layer keeps only those rows
+        # after attention.
+        self.pooler = Pooler(spec.pooling, len(self.layers))
         self.causal = spec.causal
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -109,14 +109,14 @@ class Qwen3Encoder(nn.Module):
             raise ValueError(f"meta.causal={meta.causal} but this model is causal={self.causal}")
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
-        rows = pooled_rows(meta, x.shape[0], self.pooling) if self.pools_early else None
+        rows = self.pooler.rows(meta, x.shape[0])
         last = len(self.layers) - 1
         pending = None
         for i, layer in enumerate(self.layers):
             x, pending = layer(x, pending, cos, sin, meta, rows if i == last else None)
         if pending is not None:
             x = x + pending
-        return self.pooler(self.norm(x), meta) if rows is None else pool_picked(self.norm(x), meta)
+        return self.pooler(self.norm(x), meta)
 
 
 def convert_weights(hf: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
