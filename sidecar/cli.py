@@ -93,6 +93,9 @@ def _model_args(p: argparse.ArgumentParser, flag: str = "--model") -> None:
     p.add_argument("--tokenizer-workers", type=int, default=_env_int("TOKENIZER_WORKERS", None),
                    help="tokenizer threads per model (env FERN_TOKENIZER_WORKERS; default: "
                         "2..8 by CPU count)")
+    p.add_argument("--tokenizer-processes", type=int, default=_env_int("TOKENIZER_PROCESSES", None),
+                   help="tokenizer worker processes per model for bulk requests, 0 for none (env "
+                        "FERN_TOKENIZER_PROCESSES; default: one per 4 cores from 8 cores up)")
     for flag, field in SCHEDULER_KNOBS.items():
         env = flag.upper().replace("-", "_")
         p.add_argument(f"--{flag}", dest=field, type=int, default=_env_int(env, None),
@@ -270,7 +273,9 @@ def load_registry(args: argparse.Namespace, timings: dict[str, float] | None = N
     registry = Registry.load(sources, device=args.device, dtype=args.dtype, attention=args.attention,
                              cuda_graphs=not args.no_cuda_graphs,
                              scheduler_config=_scheduler_config(args),
-                             tokenizer_workers=args.tokenizer_workers, prewarm=getattr(args, "prewarm", ""))
+                             tokenizer_workers=args.tokenizer_workers,
+                             tokenizer_processes=args.tokenizer_processes,
+                             prewarm=getattr(args, "prewarm", ""))
     if timings is not None:
         timings.update(imports=imported - _STARTED, models=time.monotonic() - imported)
     return registry

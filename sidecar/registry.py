@@ -77,7 +77,8 @@ class Registry:
     def load(cls, sources: Sequence[ModelSource], *, device: str = "auto", dtype: str = "auto",
              attention: str = "auto", cuda_graphs: bool = True,
              scheduler_config: SchedulerConfig | Callable[[str], SchedulerConfig] | None = None,
-             tokenizer_workers: int | None = None, prewarm: str = "") -> "Registry":
+             tokenizer_workers: int | None = None, tokenizer_processes: int | None = None,
+             prewarm: str = "") -> "Registry":
         """Build engines (one per device) and a scheduler for every model source.
 
         `prewarm`: shapes each engine captures before serving ("queries", "128x1,512x32": see
@@ -98,7 +99,7 @@ class Registry:
             spec = engines[0].spec
             config = scheduler_config(engines[0].device.type) if callable(scheduler_config) \
                 else scheduler_config or SchedulerConfig.for_device(engines[0].device.type)
-            models.append(ServedModel(spec, TextTokenizer.for_spec(spec, tokenizer_workers),
+            models.append(ServedModel(spec, TextTokenizer.for_spec(spec, tokenizer_workers, tokenizer_processes),
                                       Scheduler(engines, config), engines))
         return cls(models)
 

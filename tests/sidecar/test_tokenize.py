@@ -424,3 +424,101 @@ def test_a_limit_with_no_room_for_text_beside_the_special_tokens_is_refused():
         TextTokenizer(path, 2)  # [CLS] [SEP]
     tok = TextTokenizer(path, 4, eos_id=102)
     assert all(len(ids) <= 4 for ids in tok.encode(["hello world", "a b c d e f"]))
+
+
+@pytest.fixture(scope="module")
+def proc_tok(spec):
+    t = TextTokenizer.for_spec(spec, workers=2, processes=2)
+    yield t
+    t.close()
+
+
+def _bulk(texts: list[str]) -> list[str]:
+    """`texts` repeated until a request of them goes to the worker processes."""
+    from sidecar.tokenize import PROCESS_CHARS
+
+    out = list(texts)
+    while sum(map(len, out)) < PROCESS_CHARS or len(out) < 2 * SLICE_TEXTS + 1:
+        out += texts
+    return out
+
+
+def test_worker_processes_give_the_threads_ids(spec, tok, proc_tok):
+    # The same ids as the threads give, truncated, whole and plain, over several slices of
+    # ASCII, non-ASCII and over-long texts; and the processes did the work.
+    texts = _bulk(_differential_texts(3))
+    proc_tok._procs_served = False
+    assert asyncio.run(proc_tok.encode_async(texts)) == asyncio.run(tok.encode_async(texts))
+    assert proc_tok._procs_served
+    assert asyncio.run(proc_tok.encode_plain_async(texts)) == tok.encode_plain(texts)
+    fitting = [t for t, ids in zip(texts, tok.encode(texts))
+               if len(ids) < spec.max_tokens]
+    assert asyncio.run(proc_tok.encode_async(fitting, truncate=False)) == tok.encode(fitting, truncate=False)
+
+
+def test_a_query_sized_request_stays_off_the_worker_processes(proc_tok):
+    proc_tok._procs_served = False
+    few = ["a short query"] * 20
+    assert asyncio.run(proc_tok.encode_async(few)) == proc_tok.encode(few)
+    assert not proc_tok._procs_served
+
+
+def test_worker_processes_name_the_first_over_length_input_and_append_eos(spec):
+    t = TextTokenizer(spec.tokenizer_path, 10, eos_id=102, workers=1, processes=1)
+    threads = TextTokenizer(spec.tokenizer_path, 10, eos_id=102, workers=1, processes=0)
+    try:
+        texts = _bulk(["word " * 7, "a b c"])
+        bad = len(texts) - 3
+        texts[bad] = "word " * 9
+        texts[-1] = "word " * 50
+        with pytest.raises(EmbedError) as info:
+            asyncio.run(t.encode_async(texts, truncate=False))
+        assert info.value.index == bad
+        assert info.value.message.startswith(f"texts[{bad}]: 12 tokens exceeds the model's limit of 10")
+        seqs = asyncio.run(t.encode_async(texts))
+        assert seqs == asyncio.run(threads.encode_async(texts))
+        assert seqs[-1][-2:] == [102, 102] and len(seqs[-1]) == 10
+    finally:
+        t.close()
+        threads.close()
+
+
+def test_a_killed_worker_process_loses_no_text_and_is_replaced(tok, proc_tok, caplog):
+    import os
+    import signal
+
+    texts = _bulk(["some words here and there"] * 50)
+    expected = tok.encode(texts)
+    assert asyncio.run(proc_tok.encode_async(texts)) == expected  # the workers have served
+    broken = proc_tok._procs
+    for pid in list(broken._processes):
+        os.kill(pid, signal.SIGKILL)
+    with caplog.at_level("WARNING", logger="sidecar.tokenize"):
+        assert asyncio.run(proc_tok.encode_async(texts)) == expected  # redone on the threads
+    assert proc_tok._procs is not broken and "died" in caplog.text
+    proc_tok._procs_served = False
+    assert asyncio.run(proc_tok.encode_async(texts)) == expected
+    assert proc_tok._procs_served  # the new workers serve
+
+
+def test_worker_processes_that_cannot_start_leave_the_threads_tokenizing(spec, tok, caplog):
+    t = TextTokenizer.for_spec(spec, workers=1, processes=0)
+    try:
+        t.processes = 1
+        t._worker_args = ("/nonexistent/tokenizer.json", *t._worker_args[1:])
+        t._procs = t._start_processes()
+        texts = _bulk(["some words here and there"] * 50)
+        with caplog.at_level("ERROR", logger="sidecar.tokenize"):
+            for _ in range(2):
+                assert asyncio.run(t.encode_async(texts)) == tok.encode(texts)
+        assert t._procs is None and caplog.text.count("failed before serving") == 1
+    finally:
+        t.close()
+
+
+def test_worker_processes_by_core_count():
+    from sidecar.tokenize import default_process_threads, default_processes
+
+    assert [default_processes(c) for c in (1, 2, 4, 7, 8, 16, 64)] == [0, 0, 0, 0, 2, 4, 16]
+    assert default_process_threads(4, 16) == 3 and default_process_threads(2, 8) == 3
+    assert default_process_threads(16, 16) == 1
