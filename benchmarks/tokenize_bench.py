@@ -7,7 +7,9 @@ at the model's limit), each timed with the id lists built, over interleaved roun
 - raw: the shipped tokenizer.json, one `encode_batch_fast` call over all texts (Rust fans
   it out over its own threads), `[e.ids for e in ...]`: what a plain client does;
 - encode: `TextTokenizer.encode` on all texts in one call (the ASCII twin where it applies);
-- sliced: `TextTokenizer.encode_async`, the gateway's path: slices on the worker pool.
+- sliced: `TextTokenizer.encode_async`, the gateway's path: slices on the worker threads;
+- processes: the same with worker processes (--processes, default as the sidecar's), for
+  the requests of PROCESS_CHARS and more that go to them.
 
 Workloads: the GPU suite's queries, passages and long documents (benchmarks/texts.py), and
 "prose": paragraphs of Python's own documentation (real English with punctuation, code,
@@ -21,7 +23,7 @@ with the memo emptied before each pass over the texts (`memo_stream`: it learns 
 and before every call (`memo_cold`: every chunk new, its worst case), on texts of 16 and 128
 tokens (a 200-word vocabulary) and on prose paragraphs up to the inline size.
 
-Usage: python -m benchmarks.tokenize_bench [--threads N] [--workers N] [--slice N]
+Usage: python -m benchmarks.tokenize_bench [--threads N] [--workers N] [--processes N] [--slice N]
        [--rounds 5] [--scale 1.0] [--tokenizer DIR] [--max-tokens N] [--single-only] [--out FILE]
 --threads sets RAYON_NUM_THREADS (Rust's pool) unless it is already set; no GPU, no network.
 """
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tokenizers import Tokenizer
 
     from benchmarks.texts import Workload, workload_texts
-    from sidecar.tokenize import TextTokenizer, default_workers
+    from sidecar.tokenize import TextTokenizer, default_processes, default_workers
 
     model_dir = _model_dir(args.tokenizer)
     path = model_dir / "tokenizer.json"
@@ -81,13 +83,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     raw.no_padding()
     raw.enable_truncation(max_tokens)
     workers = args.workers or default_workers()
-    fern = TextTokenizer(path, max_tokens, workers=workers, slice_texts=args.slice)
+    fern = TextTokenizer(path, max_tokens, workers=workers, slice_texts=args.slice, processes=0)
+    processes = default_processes() if args.processes is None else args.processes
+    procs = TextTokenizer(path, max_tokens, workers=workers, slice_texts=args.slice,
+                          processes=processes) if processes else None
     loop = asyncio.new_event_loop()
     methods: dict[str, Callable[[list[str]], list[list[int]]]] = {
         "raw": lambda texts: [e.ids for e in raw.encode_batch_fast(texts)],
         "encode": fern.encode,
         "sliced": lambda texts: loop.run_until_complete(fern.encode_async(texts)),
     }
+    if procs is not None:
+        methods["processes"] = lambda texts: loop.run_until_complete(procs.encode_async(texts))
     workloads: dict[str, list[str]] = {}
     if not args.single_only:
         workloads = {name: workload_texts(raw, Workload(name, low, high, max(1, int(count * args.scale))), seed=11)
@@ -118,11 +125,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"{name:9s} " + "  ".join(f"{m} {r / 1e6:6.2f} M" for m, r in rates.items()), flush=True)
     finally:
         fern.close()
+        if procs is not None:
+            procs.close()
         loop.close()
     return {"tokenizer": str(path), "max_tokens": max_tokens, "rounds": args.rounds, "scale": args.scale,
             "rayon_threads": os.environ.get("RAYON_NUM_THREADS"),
             "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM"),
-            "workers": workers, "slice_texts": args.slice, "workloads": rows,
+            "workers": workers, "processes": processes, "slice_texts": args.slice, "workloads": rows,
             "single_text": _single_text(args, raw, path, max_tokens)}
 
 
@@ -195,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="Rust threads (RAYON_NUM_THREADS, unless already set; default: all cores)")
     parser.add_argument("--workers", type=int, default=None,
                         help="TextTokenizer worker threads (default: sidecar.tokenize.default_workers())")
+    parser.add_argument("--processes", type=int, default=None,
+                        help="worker processes of the `processes` method, 0 for none (default: "
+                             "sidecar.tokenize.default_processes())")
     parser.add_argument("--slice", type=int, default=SLICE_TEXTS, help="texts per worker slice")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians reported")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every workload's text count")
