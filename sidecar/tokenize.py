@@ -133,6 +133,9 @@ MEMO_LEARN_CHUNKS = 16
 # tokenizing) goes to the worker processes when there are any; smaller ones would pay more for
 # the round trip through a process's queues than they save.
 PROCESS_CHARS = 16384
+# A request on the worker processes is cut into slices of about this many characters (and at
+# most SLICE_TEXTS texts), so that a few requests in flight keep every process busy.
+PROCESS_SLICE_CHARS = 65536
 
 
 def default_workers() -> int:
@@ -400,7 +403,8 @@ class TextTokenizer:
 
     def __init__(self, tokenizer_path: str | Path, max_tokens: int, *, eos_id: int | None = None,
                  workers: int | None = None, slice_texts: int = SLICE_TEXTS,
-                 memo_chunks: int = MEMO_CHUNKS, processes: int | None = None) -> None:
+                 memo_chunks: int = MEMO_CHUNKS, processes: int | None = None,
+                 process_threads: int | None = None, process_slice_chars: int = PROCESS_SLICE_CHARS) -> None:
         self.max_tokens = int(max_tokens)
         if self.max_tokens < 2:
             raise ValueError(f"max_tokens must be at least 2, got {max_tokens}")
@@ -431,8 +435,9 @@ class TextTokenizer:
         self._pool = ThreadPoolExecutor(self.workers,
                                         thread_name_prefix="fern-tokenize")
         self.processes = default_processes() if processes is None else int(processes)
+        self.process_slice_chars = int(process_slice_chars)
         self._worker_args = (str(tokenizer_path), self.max_tokens, eos_id,
-                             default_process_threads(self.processes))
+                             process_threads or default_process_threads(self.processes))
         self._procs = self._start_processes() if self.processes > 0 else None
 
     def _start_processes(self) -> ProcessPoolExecutor:
@@ -531,9 +536,9 @@ class TextTokenizer:
 
     async def _run_slices(self, texts: Sequence[str], how: str, field: str, offset: int) -> list[list[int]]:
         procs = self._procs if self._procs is not None and sum(map(len, texts)) >= PROCESS_CHARS else None
-        step = self.slice_texts
-        starts = range(0, len(texts), step)
-        parts = await asyncio.gather(*(self._slice(procs, list(texts[s:s + step]), how) for s in starts),
+        starts = self._process_cuts(texts) if procs is not None else range(0, len(texts), self.slice_texts)
+        ends = [*starts[1:], len(texts)]
+        parts = await asyncio.gather(*(self._slice(procs, list(texts[a:b]), how) for a, b in zip(starts, ends)),
                                      return_exceptions=True)
         seqs: list[list[int]] = []
         for start, part in zip(starts, parts):
@@ -541,6 +546,17 @@ class TextTokenizer:
                 raise part
             seqs.extend(self._checked(part, how, field, offset + start))
         return seqs
+
+    def _process_cuts(self, texts: Sequence[str]) -> list[int]:
+        """Where the worker processes' slices of `texts` start: every process_slice_chars
+        characters or slice_texts texts, whichever comes first."""
+        cuts, chars = [0], 0
+        for i, text in enumerate(texts, 1):
+            chars += len(text)
+            if (chars >= self.process_slice_chars or i - cuts[-1] >= self.slice_texts) and i < len(texts):
+                cuts.append(i)
+                chars = 0
+        return cuts
 
     async def _slice(self, procs: ProcessPoolExecutor | None, texts: list[str], how: str) -> list[list[int]]:
         loop = asyncio.get_running_loop()
