@@ -19,7 +19,7 @@ On a host with cores to spare (default_processes: one per 4 cores from 8 up), a 
 (PROCESS_CHARS and more) has its slices tokenized in worker processes instead, each with its
 own GIL and a few Rust threads. Reading ids off Encodings holds the GIL ~50 ns a token, and in
 one process that GIL is also the engine loop's: on the H200 host MiniLM text to vectors went
-from 3.7-4.0 to 5.6-5.9 M tokens/s (passages). A worker sends its ids back as int32 bytes,
+from 4.2-4.8 to 4.9-5.8 M tokens/s (passages, side by side). A worker sends its ids back as int32 bytes,
 which become lists here at ~10 ns a token. The processes are spawned (the parent holds CUDA
 and threads), so they start from a clean interpreter. A slice whose worker dies is redone on
 the threads; a pool that served before is then replaced, one that never served is given up.
@@ -146,12 +146,15 @@ def default_workers() -> int:
 def default_processes(cpus: int | None = None) -> int:
     """Tokenizer worker processes for bulk requests: one per 4 cores from 8 cores up, none below.
 
-    On the 16-core H200 host, MiniLM text to vectors went from 3.7-4.0 to 5.6-5.9 M tokens/s
-    (passages) and from 1.7-2.0 to 3.6-3.9 M (queries) with 4 processes of 3 Rust threads each,
-    ahead of 8, 12 or 14 processes of one thread (4.3-4.5 M, 2.6-3.2 M): the gateway's threads
-    share one GIL with the engine's loop, and building id lists from Encodings holds it for
-    ~50 ns a token. On 2 cores two processes tokenized slower than the threads (1.9 against 2.9 M
-    tokens/s, MiniLM passages): there is no core to give them.
+    On the 16-core H200 host, side by side in one run (results/tokenize-processes-sweep-h200-
+    stop17.json), MiniLM text to vectors with 4 processes of 3 Rust threads and 64 K-character
+    slices against the threads alone: passages 4.85 / 5.80 M tokens/s against 4.23 / 4.80 M,
+    queries 2.76 / 2.44 against 2.10 / 1.82, long 4.36 / 5.00 against 4.22 / 4.16. 7 x 2, 12 x 1
+    and 14 x 1 with smaller slices tokenized faster alone but fed the engine slower (3.2-4.9 M
+    passages): they crowd the cores that the engine's thread and the loop need. The threads
+    share one GIL with the engine's loop, and reading ids off Encodings holds it ~50 ns a token.
+    On 2 cores two processes tokenized slower than the threads (1.9 against 2.9 M tokens/s,
+    MiniLM passages): there is no core to give them.
     """
     cpus = cpus or os.cpu_count() or 1
     return cpus // 4 if cpus >= 8 else 0
