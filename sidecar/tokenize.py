@@ -113,7 +113,6 @@ JOIN_TEXTS = 16
 # Fewer when a batch is small, so that each call still gives Rust's threads (one a core unless
 # RAYON_NUM_THREADS says otherwise) two inputs each: a 100-text request keeps its latency.
 _RUST_THREADS = int(os.environ.get("RAYON_NUM_THREADS") or 0) or os.cpu_count() or 1
-_INPUTS_PER_THREAD = 2
 
 # A query-sized request's ASCII texts are tokenized from a memo of whitespace-separated chunks
 # ("world," "(really?)") to their ids: dictionary lookups instead of a Rust call. An entry takes
@@ -282,7 +281,7 @@ class _AsciiTwin:
         return seqs
 
     def _encode(self, lowered: list[str], special: bool) -> list[list[int]]:
-        group = min(JOIN_TEXTS, -(-len(lowered) // (_INPUTS_PER_THREAD * _RUST_THREADS)))
+        group = min(JOIN_TEXTS, len(lowered) // (2 * _RUST_THREADS))
         if not special or self._join is None or group < 2:
             return _ids(self.tokenizer, lowered, special)
         joint, sep = self._join
