@@ -99,8 +99,8 @@ class Registry:
             spec = engines[0].spec
             config = scheduler_config(engines[0].device.type) if callable(scheduler_config) \
                 else scheduler_config or SchedulerConfig.for_device(engines[0].device.type)
-            models.append(ServedModel(spec, TextTokenizer.for_spec(spec, tokenizer_workers, tokenizer_processes),
-                                      Scheduler(engines, config), engines))
+            tokenizer = TextTokenizer.for_spec(spec, tokenizer_workers, tokenizer_processes)
+            models.append(ServedModel(spec, tokenizer, Scheduler(engines, config), engines))
         return cls(models)
 
     def get(self, name: str = "") -> ServedModel:

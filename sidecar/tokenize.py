@@ -19,10 +19,11 @@ On a host with cores to spare (default_processes: one per 4 cores from 8 up), a 
 (PROCESS_CHARS and more) has its slices tokenized in worker processes instead, each with its
 own GIL and a few Rust threads. Reading ids off Encodings holds the GIL ~50 ns a token, and in
 one process that GIL is also the engine loop's: on the H200 host MiniLM text to vectors went
-from 4.2-4.8 to 4.9-5.8 M tokens/s (passages, side by side). A worker sends its ids back as int32 bytes,
-which become lists here at ~10 ns a token. The processes are spawned (the parent holds CUDA
-and threads), so they start from a clean interpreter. A slice whose worker dies is redone on
-the threads; a pool that served before is then replaced, one that never served is given up.
+from 4.2-4.8 to 4.9-5.8 M tokens/s (passages, side by side). A worker sends its ids back as
+int32 bytes, which become lists here at ~10 ns a token. The processes are spawned (the parent
+holds CUDA and threads), so they start from a clean interpreter. A slice whose worker dies is
+redone on the threads; a pool that served before is then replaced, one that never served is
+given up.
 
 BERT tokenizers (WordPiece behind a `BertNormalizer` and a `BertPreTokenizer`: MiniLM, BGE,
 E5, GTE) normalize every text with control-character cleanup, CJK spacing, NFD accent
@@ -541,8 +542,8 @@ class TextTokenizer:
         procs = self._procs if self._procs is not None and sum(map(len, texts)) >= PROCESS_CHARS else None
         starts = self._process_cuts(texts) if procs is not None else range(0, len(texts), self.slice_texts)
         ends = [*starts[1:], len(texts)]
-        parts = await asyncio.gather(*(self._slice(procs, list(texts[a:b]), how) for a, b in zip(starts, ends)),
-                                     return_exceptions=True)
+        slices = [list(texts[a:b]) for a, b in zip(starts, ends)]
+        parts = await asyncio.gather(*(self._slice(procs, part, how) for part in slices), return_exceptions=True)
         seqs: list[list[int]] = []
         for start, part in zip(starts, parts):
             if isinstance(part, BaseException):
