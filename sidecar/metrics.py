@@ -3,9 +3,10 @@
 `fern serve --metrics-port N` starts a `MetricsServer` on the sidecar's event loop, bound
 to the same host as gRPC. Nothing is sampled in the background: each scrape reads
 `Scheduler.stats()` (a snapshot taken under the scheduler's lock, held for microseconds,
-the same lock the loop already takes to admit a request) and every engine's graph
-counters (plain ints, read without a lock). The format is Prometheus's text exposition
-format 0.0.4; counters end in `_total`, and every sample carries the model's name.
+the same lock the loop already takes to admit a request), every engine's graph counters
+and every tokenizer's worker-process counters (plain ints, read without a lock). The format
+is Prometheus's text exposition format 0.0.4; counters end in `_total`, and every sample
+carries the model's name.
 """
 
 from __future__ import annotations
@@ -90,6 +91,20 @@ GRAPH_FAMILIES: tuple[Family, ...] = (
            "Steps too large for the static buffers, always run eagerly.", lambda c: c.uncacheable),
 )
 
+# Per model, from its TextTokenizer: the worker processes that tokenize bulk requests.
+TOKENIZER_FAMILIES: tuple[Family, ...] = (
+    Family("fern_tokenizer_processes", "gauge",
+           "Tokenizer worker processes taking bulk requests now (0: none, or given up after failing to start).",
+           lambda t: t.live_processes),
+    Family("fern_tokenizer_process_slices_total", "counter", "Request slices tokenized in worker processes.",
+           lambda t: t.process_slices),
+    Family("fern_tokenizer_process_failures_total", "counter",
+           "Request slices whose worker process died; each was tokenized again on the threads.",
+           lambda t: t.process_failures),
+    Family("fern_tokenizer_process_restarts_total", "counter",
+           "Worker process pools started anew after a worker died.", lambda t: t.process_restarts),
+)
+
 DRAINING = Family("fern_scheduler_draining", "gauge",
                   "1 while the model's scheduler drains for shutdown, else 0.",
                   lambda s: int(s.draining))
@@ -131,10 +146,12 @@ def render(models: Iterable[ServedModel]) -> str:
                 add(family, labels, engine_stats)
             for family in GRAPH_FAMILIES:
                 add(family, labels, graphs)
+        for family in TOKENIZER_FAMILIES:
+            add(family, {"model": model}, served.tokenizer)
         add(DRAINING, {"model": model}, stats)
 
     lines: list[str] = []
-    for family in (*LANE_FAMILIES, *ENGINE_FAMILIES, *GRAPH_FAMILIES, DRAINING):
+    for family in (*LANE_FAMILIES, *ENGINE_FAMILIES, *GRAPH_FAMILIES, *TOKENIZER_FAMILIES, DRAINING):
         lines.append(f"# HELP {family.name} {_escape_help(family.help)}")
         lines.append(f"# TYPE {family.name} {family.kind}")
         for labels, source in rows.get(family.name, ()):

@@ -439,6 +439,9 @@ class TextTokenizer:
         self._pool = ThreadPoolExecutor(self.workers,
                                         thread_name_prefix="fern-tokenize")
         self.processes = default_processes() if processes is None else int(processes)
+        # Counters for /metrics: slices the worker processes tokenized, slices redone on the
+        # threads because their worker died, and pools started anew after such a death.
+        self.process_slices = self.process_failures = self.process_restarts = 0
         self.process_slice_chars = int(process_slice_chars)
         self._worker_args = (str(tokenizer_path), self.max_tokens, eos_id,
                              process_threads or default_process_threads(self.processes))
@@ -534,6 +537,11 @@ class TextTokenizer:
             return self.encode_plain(texts)
         return await self._run_slices(texts, "plain", "texts", 0)
 
+    @property
+    def live_processes(self) -> int:
+        """Worker processes that take bulk requests now (0: none configured, or given up)."""
+        return self.processes if self._procs is not None else 0
+
     @staticmethod
     def _small(texts: Sequence[str]) -> bool:
         return len(texts) <= INLINE_TEXTS and sum(len(t) for t in texts) <= INLINE_CHARS
@@ -568,8 +576,10 @@ class TextTokenizer:
             try:
                 seqs = _unpacked(await loop.run_in_executor(procs, _worker_ids, texts, how))
                 self._procs_served = True
+                self.process_slices += 1
                 return seqs
             except BrokenProcessPool:
+                self.process_failures += 1
                 # A worker died: this slice is redone on the threads, so no accepted text is lost.
                 # After a pool that served (a worker killed, out of memory) a new one takes over;
                 # one that never did (workers that cannot start: a main module that starts Fern
@@ -578,6 +588,7 @@ class TextTokenizer:
                     if self._procs_served:
                         log.warning("a tokenizer worker process died; starting new ones")
                         self._procs = self._start_processes()
+                        self.process_restarts += 1
                     else:
                         log.error("tokenizer worker processes failed before serving; tokenizing "
                                   "on threads (FERN_TOKENIZER_PROCESSES=0 skips them)")

@@ -10,11 +10,12 @@ import socket
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from core_engine.graphs import GraphCounters
 from sidecar.cli import build_parser
-from sidecar.client import FernClient
+from sidecar.client import FernClient, FernError
 from sidecar.metrics import render
 from sidecar.scheduler import Scheduler
 
@@ -135,6 +136,10 @@ def test_the_exposition_parses_and_names_the_served_model(metrics_sidecar):
                  "fern_graph_evictions_total", "fern_graph_uncacheable_total"):
         assert (name, frozenset(engine.items())) in samples
     assert value(samples, "fern_scheduler_draining", model=model) == 0
+    # The 2-core test machine runs no tokenizer worker processes by default.
+    assert value(samples, "fern_tokenizer_processes", model=model) == 0
+    for name in ("slices", "failures", "restarts"):
+        assert value(samples, f"fern_tokenizer_process_{name}_total", model=model) == 0
 
 
 def test_embedding_moves_the_counters_by_what_was_embedded(metrics_sidecar):
@@ -208,16 +213,58 @@ def test_model_names_are_escaped_in_labels():
     engine = SimpleNamespace(spec=SimpleNamespace(dimensions=4), device="cpu",
                              counters=GraphCounters(eager_runs=3, replays=2))
     name = 'odd "name"\\ with\na newline'
+    tokenizer = SimpleNamespace(live_processes=4, process_slices=7, process_failures=1, process_restarts=1)
     served = SimpleNamespace(spec=SimpleNamespace(name=name), scheduler=Scheduler([engine]),
-                             engines=[engine])
+                             engines=[engine], tokenizer=tokenizer)
     samples = parse_exposition(render([served]))
     labels = dict(model=name, engine="0", device="cpu")
     assert value(samples, "fern_graph_eager_runs_total", **labels) == 3
     assert value(samples, "fern_graph_replays_total", **labels) == 2
     assert value(samples, "fern_queue_tokens", model=name, lane="batch") == 0
+    assert value(samples, "fern_tokenizer_processes", model=name) == 4
+    assert value(samples, "fern_tokenizer_process_slices_total", model=name) == 7
 
 
 def test_the_metrics_port_closes_when_the_sidecar_drains(metrics_sidecar):
     assert metrics_sidecar.terminate() == 0
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", metrics_sidecar.metrics_port), timeout=5).close()
+
+
+def _parent_pid(proc_dir) -> int | None:
+    try:  # /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces
+        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def test_tokenizer_worker_processes_serve_bulk_requests_and_show_in_the_metrics(sidecar_factory, client):
+    # A sidecar started with --tokenizer-processes gives the threads-only sidecar's vectors for a
+    # request big enough to go to its worker processes, names a bad input in one as well, and
+    # counts the slices its workers tokenized.
+    from sidecar.tokenize import PROCESS_CHARS
+
+    texts = [f"passage {i}: words about words, and other words ({i % 7} of 7)" * 4 for i in range(300)]
+    assert sum(map(len, texts)) > 2 * PROCESS_CHARS
+    port = free_port()
+    process = sidecar_factory("--tokenizer-processes", "1", "--metrics-port", str(port))
+    try:
+        model = client.list_models()[0].name
+        assert value(metrics(port), "fern_tokenizer_processes", model=model) == 1
+        pid = process.process.pid
+        children = [d for d in Path("/proc").iterdir() if d.name.isdigit() and _parent_pid(d) == pid]
+        assert len(children) >= 2  # the worker and multiprocessing's resource tracker
+        with FernClient(process.target, timeout=120) as procs_client:
+            got = procs_client.embed(texts)
+            bad = list(texts)
+            bad[257] = "word " * 300
+            with pytest.raises(FernError) as info:
+                procs_client.embed(bad, truncate=False)
+        assert info.value.index == 257 and "texts[257]: 302 tokens" in info.value.message
+        assert value(metrics(port), "fern_tokenizer_process_slices_total", model=model) >= 2
+        assert value(metrics(port), "fern_tokenizer_process_failures_total", model=model) == 0
+        want = client.embed(texts)
+        assert got.token_counts.tolist() == want.token_counts.tolist()
+        np.testing.assert_allclose(got.vectors, want.vectors, atol=1e-5)
+    finally:
+        process.stop()

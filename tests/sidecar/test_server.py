@@ -173,38 +173,3 @@ def test_cancelled_call_leaves_the_server_serving(sidecar_target, client):
         assert future.cancelled() or future.exception() is not None
     assert client.embed(["after a cancel"]).vectors.shape == (1, 384)
 
-
-def _parent_pid(proc_dir) -> int | None:
-    try:  # /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces
-        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def test_tokenizer_worker_processes_serve_bulk_requests_over_grpc(sidecar_factory, client):
-    # A sidecar started with --tokenizer-processes gives the threads-only sidecar's vectors for a
-    # request big enough to go to its worker processes, and names a bad input in one as well.
-    from pathlib import Path
-
-    from sidecar.client import FernClient
-    from sidecar.tokenize import PROCESS_CHARS
-
-    texts = [f"passage {i}: words about words, and other words ({i % 7} of 7)" * 4 for i in range(300)]
-    assert sum(map(len, texts)) > 2 * PROCESS_CHARS
-    process = sidecar_factory("--tokenizer-processes", "1")
-    try:
-        pid = process.process.pid
-        children = [d for d in Path("/proc").iterdir() if d.name.isdigit() and _parent_pid(d) == pid]
-        assert len(children) >= 2  # the worker and multiprocessing's resource tracker
-        with FernClient(process.target, timeout=120) as procs_client:
-            got = procs_client.embed(texts)
-            bad = list(texts)
-            bad[257] = "word " * 300
-            with pytest.raises(FernError) as info:
-                procs_client.embed(bad, truncate=False)
-        assert info.value.index == 257 and "texts[257]: 302 tokens" in info.value.message
-        want = client.embed(texts)
-        assert got.token_counts.tolist() == want.token_counts.tolist()
-        np.testing.assert_allclose(got.vectors, want.vectors, atol=1e-5)
-    finally:
-        process.stop()

@@ -496,6 +496,8 @@ def test_a_killed_worker_process_loses_no_text_and_is_replaced(tok, proc_tok, ca
     with caplog.at_level("WARNING", logger="sidecar.tokenize"):
         assert asyncio.run(proc_tok.encode_async(texts)) == expected  # redone on the threads
     assert proc_tok._procs is not broken and "died" in caplog.text
+    assert proc_tok.process_restarts == 1 and proc_tok.process_failures >= 1
+    assert proc_tok.live_processes == 2
     proc_tok._procs_served = False
     assert asyncio.run(proc_tok.encode_async(texts)) == expected
     assert proc_tok._procs_served  # the new workers serve
@@ -512,6 +514,7 @@ def test_worker_processes_that_cannot_start_leave_the_threads_tokenizing(spec, t
             for _ in range(2):
                 assert asyncio.run(t.encode_async(texts)) == tok.encode(texts)
         assert t._procs is None and caplog.text.count("failed before serving") == 1
+        assert t.live_processes == 0 and t.process_restarts == 0 and t.process_slices == 0
     finally:
         t.close()
 
