@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from sidecar.scheduler import (
+    DEADLINE_SLACK_S,
     DeadlineExceeded,
     Draining,
     Lane,
@@ -384,6 +385,33 @@ def test_cancelled_work_never_reaches_the_engine(device):
         stepped = engine.stepped_ids()
         assert not stepped & {tuple(s) for s in prefetched + queued}
         assert sched.stats().batch.cancelled == 2
+        await sched.drain()
+
+    run(main())
+
+
+def test_a_cancel_at_the_deadline_counts_as_expired_and_one_before_it_as_cancelled():
+    # gRPC cancels a call at its deadline at about the moment the scheduler's expiry timer fires:
+    # either way round, the drain log and /metrics must say it expired.
+    async def main():
+        engine = GatedEngine(name="cpu")
+        sched = Scheduler([engine], config(max_step_tokens=16))
+        await sched.start()
+        head = asyncio.create_task(sched.embed(texts(BATCH_MARK, 0, 2), Lane.BATCH))
+        await until(lambda: len(engine.stepped) == 1)
+        at_deadline = asyncio.create_task(
+            sched.embed(texts(BATCH_MARK, 100, 1), Lane.BATCH, deadline=time.monotonic() + DEADLINE_SLACK_S / 4))
+        early = asyncio.create_task(sched.embed(texts(BATCH_MARK, 200, 1), Lane.BATCH, deadline=time.monotonic() + 60))
+        await asyncio.sleep(0)  # both are queued behind the gated step
+        at_deadline.cancel()
+        early.cancel()
+        for task in (at_deadline, early):
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        stats = sched.stats().batch
+        assert (stats.expired, stats.cancelled) == (1, 1)
+        engine.release(10**6)
+        await head
         await sched.drain()
 
     run(main())
