@@ -365,16 +365,12 @@ class Scheduler:
                     if waiter.future.cancelled():
                         self._forget_waiter(waiter)
                     else:
-                        self._drop(request, None)  # admitted just before the cancel landed
+                        self._cancelled(request)  # admitted just before the cancel landed
                     raise
             try:
                 return await request.future
             except asyncio.CancelledError:
-                # gRPC cancels a call whose deadline passed at about the moment the expiry timer
-                # would fire; whichever runs first, the request expired.
-                now = time.monotonic()
-                late = deadline is not None and now >= deadline - DEADLINE_SLACK_S
-                self._drop(request, _deadline_passed(request) if late else None)
+                self._cancelled(request)
                 raise
         finally:
             if timer is not None:
@@ -591,6 +587,15 @@ class Scheduler:
 
     def _expire(self, request: Request) -> None:
         self._drop(request, _deadline_passed(request))
+
+    def _cancelled(self, request: Request) -> None:
+        """Drop a request whose caller cancelled it: as expired when the cancel lands at its
+        deadline (gRPC cancels a call then, at about the moment `_expire`'s timer would fire;
+        whichever runs first, the request expired), else as cancelled."""
+        if request.expired(time.monotonic() + DEADLINE_SLACK_S):
+            self._expire(request)
+        else:
+            self._drop(request, None)
 
     def _drop(self, request: Request, error: BaseException | None) -> None:
         """Cancel (error None) or expire a request: its queued sequences never reach an engine."""
