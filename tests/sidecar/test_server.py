@@ -172,4 +172,3 @@ def test_cancelled_call_leaves_the_server_serving(sidecar_target, client):
         future.cancel()
         assert future.cancelled() or future.exception() is not None
     assert client.embed(["after a cancel"]).vectors.shape == (1, 384)
-
