@@ -564,10 +564,15 @@ def _timed_passes(run: Callable[[], int], tokens: int, passes: int = 3) -> list[
     passes, stop 16) would otherwise be the figure; one ST pass per batch size had MiniLM
     passages at 357 k tok/s in one run and 481 k in the next.
     """
+    return _timed_sets(lambda _: run(), [tokens] * passes)
+
+
+def _timed_sets(run: Callable[[int], int], totals: list[int]) -> list[float]:
+    """Tokens/s of `run(i)` for each text set i, which must step `totals[i]` tokens."""
     rates = []
-    for _ in range(passes):
+    for i, tokens in enumerate(totals):
         start = time.perf_counter()
-        stepped = run()
+        stepped = run(i)
         if stepped != tokens:
             raise RuntimeError(f"a pass stepped {stepped} tokens, expected {tokens}")
         rates.append(tokens / (time.perf_counter() - start))
@@ -608,14 +613,17 @@ def part_compare(ctx: Context) -> dict[str, Any]:
         engine = _engine(ctx, name, max_step_tokens=plan.step_tokens * 2)
         # The product's tokenizer (ASCII twin, worker pool), the same in every Fern figure.
         gateway = _Gateway(TextTokenizer.for_spec(engine.spec))
+        reference = _Gateway(TextTokenizer.for_spec(engine.spec, processes=0))
         out["tokenizer_workers"] = gateway.tok.workers
         out["tokenizer_processes"] = gateway.tok.processes
         st = _sentence_transformer(ctx, engine.spec)
         try:
             with _settled_heap():
-                rows = {wl.name: _compare_workload(ctx, engine, gateway, st, wl) for wl in plan.workloads}
+                rows = {wl.name: _compare_workload(ctx, engine, gateway, reference, st, wl)
+                        for wl in plan.workloads}
         finally:
             gateway.close()
+            reference.close()
         entry = {"workloads": rows, "engine_info": _engine_info(engine),
                  "st_dtype": "float16" if cuda else "float32"}
         if name in GOAL_SPEEDUP:
@@ -626,41 +634,66 @@ def part_compare(ctx: Context) -> dict[str, Any]:
     return out
 
 
-def _compare_workload(ctx: Context, engine, gateway: _Gateway, st, wl: Workload) -> dict[str, Any]:
-    """One workload of the compare part: tokenizer alone, Fern text to vectors, Fern engine only, ST."""
+# The compare part's text sets, one a timed pass (Fern's, the engine's and ST's), and the
+# tokenizer-alone passes' sets, which Fern sees first.
+COMPARE_SEEDS = (11, 12, 13)
+TOKENIZER_SEEDS = (21, 22, 23)
+WARM_SEED = 20
+
+
+def _compare_workload(ctx: Context, engine, gateway: _Gateway, reference: _Gateway, st,
+                      wl: Workload) -> dict[str, Any]:
+    """One workload of the compare part: tokenizer alone, Fern text to vectors, Fern engine only, ST.
+
+    Each timed pass gets texts that no earlier pass tokenized: another seed's draw of the same
+    workload. A tokenizer worker's chunk memo then meets each pass's texts as it would new
+    ingest traffic, knowing the common words from what it saw before and learning the rare ones,
+    instead of a pass it has learned whole. The tokenizer-alone passes come first, on their own
+    sets; the engine's graphs are captured beforehand from ids that `reference` (a tokenizer
+    with no memo in use: no worker processes, and every chunk a bulk request) gives."""
     plan = ctx.plan
     high = min(wl.high, engine.spec.max_tokens)
-    texts = workload_texts(engine.spec.tokenizer_path, Workload(wl.name, min(wl.low, high), high, wl.count), seed=11)
+    shape = Workload(wl.name, min(wl.low, high), high, wl.count)
     per_chunk = max(1, plan.step_tokens // ((wl.low + high) // 2))
-    chunks = _chunks(texts, per_chunk)
-    # Tokenizer alone: the same tokenizer, chunks and pools as the Fern run, after an
-    # untimed pass that starts the pools' threads; the median of three passes.
-    ids = _encode_ids(gateway, chunks)
-    total = sum(map(len, ids))
-    tok_passes = _timed_passes(lambda: sum(map(len, _encode_ids(gateway, chunks))), total)
-    # Fern, text to vectors; two warm passes (eager, then capture) when graphs are on.
-    for _ in range(2 if ctx.device.startswith("cuda") else 0):
-        _fern_texts_to_vectors(engine, gateway, chunks)
-    fern_passes = _timed_passes(lambda: _fern_texts_to_vectors(engine, gateway, chunks), total)
-    # Fern engine only (pre-tokenized), the same steps.
-    id_chunks = [ids[i:i + per_chunk] for i in range(0, len(ids), per_chunk)]
-    engine_passes = _timed_passes(lambda: _pipelined_once(engine, id_chunks), total)
+    path = engine.spec.tokenizer_path
+    text_sets = [workload_texts(path, shape, seed=seed) for seed in COMPARE_SEEDS]
+    chunk_sets = [_chunks(texts, per_chunk) for texts in text_sets]
+    tok_sets = [_chunks(workload_texts(path, shape, seed=seed), per_chunk) for seed in TOKENIZER_SEEDS]
+    ids_sets = [_encode_ids(reference, chunks) for chunks in chunk_sets]
+    totals = [sum(map(len, ids)) for ids in ids_sets]
+    # Tokenizer alone: the same tokenizer, pools and chunking as the Fern run, after an untimed
+    # pass (a quarter of another set) that starts the pools' threads and processes.
+    _encode_ids(gateway, _chunks(workload_texts(path, replace(shape, count=shape.count // 4), seed=WARM_SEED),
+                                 per_chunk))
+    tok_totals = [sum(map(len, _encode_ids(reference, chunks))) for chunks in tok_sets]
+    tok_passes = _timed_sets(lambda i: sum(map(len, _encode_ids(gateway, tok_sets[i]))), tok_totals)
+    # Fern engine only (pre-tokenized), the same steps as Fern's text to vectors; two untimed
+    # passes over each set first (eager, then capture) when graphs are on.
+    id_sets = [[ids[i:i + per_chunk] for i in range(0, len(ids), per_chunk)] for ids in ids_sets]
+    for id_chunks in id_sets:
+        for _ in range(2 if ctx.device.startswith("cuda") else 0):
+            _pipelined_once(engine, id_chunks)
+    engine_passes = _timed_sets(lambda i: _pipelined_once(engine, id_sets[i]), totals)
+    # Fern, text to vectors.
+    fern_passes = _timed_sets(lambda i: _fern_texts_to_vectors(engine, gateway, chunk_sets[i]), totals)
     # sentence-transformers at each batch size, after one untimed pass that warms its kernels
     # and allocator at the largest batch size; the median of three passes, as Fern's figures.
+    texts = text_sets[0]
     st.encode(texts[:4096], batch_size=max(plan.st_batch_sizes), show_progress_bar=False)
 
-    def st_pass(bs: int) -> int:
+    def st_pass(bs: int, i: int) -> int:
         _sync(ctx.device)
-        st.encode(texts, batch_size=bs, convert_to_numpy=True, show_progress_bar=False)
+        st.encode(text_sets[i], batch_size=bs, convert_to_numpy=True, show_progress_bar=False)
         _sync(ctx.device)
-        return total
+        return totals[i]
 
-    st_passes = {str(bs): _timed_passes(lambda bs=bs: st_pass(bs), total) for bs in plan.st_batch_sizes}
+    st_passes = {str(bs): _timed_sets(lambda i, bs=bs: st_pass(bs, i), totals) for bs in plan.st_batch_sizes}
     st_rates = {bs: statistics.median(rates) for bs, rates in st_passes.items()}
     best_bs = max(st_rates, key=st_rates.get)
     fern = statistics.median(fern_passes)
     return {
-        "texts": len(texts), "tokens": total, "tokens_per_text": total / len(texts),
+        "texts": len(texts), "tokens": totals[0], "tokens_per_text": totals[0] / len(texts),
+        "seeds": list(COMPARE_SEEDS), "tokens_per_set": totals, "tokenizer_seeds": list(TOKENIZER_SEEDS),
         "fern_tokens_per_s": fern, "fern_passes_tokens_per_s": fern_passes,
         "fern_engine_tokens_per_s": statistics.median(engine_passes), "fern_engine_passes_tokens_per_s": engine_passes,
         "tokenizer_tokens_per_s": statistics.median(tok_passes), "tokenizer_passes_tokens_per_s": tok_passes,

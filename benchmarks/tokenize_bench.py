@@ -21,7 +21,7 @@ raw again, `encode([text])` through the Rust twin (`rust`, TextTokenizer with me
 the path before the chunk memo), through the chunk memo once its chunks are known (`memo`),
 with the memo emptied before each pass over the texts (`memo_stream`: it learns as it goes)
 and before every call (`memo_cold`: every chunk new, its worst case), on texts of 16 and 128
-tokens (a 200-word vocabulary) and on prose paragraphs up to the inline size.
+tokens (benchmarks/texts.py's Zipf-drawn words) and on prose paragraphs up to the inline size.
 
 Usage: python -m benchmarks.tokenize_bench [--threads N] [--workers N] [--processes N] [--slice N]
        [--rounds 5] [--scale 1.0] [--tokenizer DIR] [--max-tokens N] [--single-only] [--out FILE]
