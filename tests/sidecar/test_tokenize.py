@@ -414,6 +414,80 @@ def test_a_mostly_new_text_is_tokenized_whole_and_teaches_the_memo_a_few_chunks_
     assert memo_tok.encode([text]) == expected
 
 
+@pytest.fixture
+def bulk_tok(spec):
+    t = TextTokenizer.for_spec(spec, workers=1, processes=0)
+    t.memo_bulk = True  # as in a worker process
+    yield t
+    t.close()
+
+
+def test_bulk_slices_from_the_memo_get_the_shipped_ids(spec, bulk_tok, monkeypatch):
+    # A worker process tokenizes bulk slices from the chunk memo: the shipped tokenizer.json's
+    # ids, truncated (the twin's head cut included, and its redo when the head falls short),
+    # whole and plain, on a cold memo and a warm one; warm, the memo asks Rust only for chunks
+    # too long to be kept (MEMO_CHUNK_CHARS).
+    from tokenizers import Tokenizer
+
+    import sidecar.tokenize
+    from sidecar.tokenize import MEMO_CHUNK_CHARS, _ChunkIds
+
+    reference = Tokenizer.from_file(str(spec.tokenizer_path))
+    reference.no_padding()
+    reference.no_truncation()
+    texts = _differential_texts(11) + _MEMO_TEXTS
+    full = [e.ids for e in reference.encode_batch(texts)]
+    plain = [e.ids for e in reference.encode_batch(texts, add_special_tokens=False)]
+    at_limit = [i for i, ids in enumerate(full) if len(ids) <= spec.max_tokens]
+    asked: list[list[str]] = []
+    learn = _ChunkIds._tokenize
+    monkeypatch.setattr(_ChunkIds, "_tokenize", lambda self, chunks: asked.append(chunks) or learn(self, chunks))
+    for _ in range(2):
+        asked.clear()
+        assert bulk_tok.encode(texts) == [_cut(ids, spec.max_tokens) for ids in full]
+        assert bulk_tok.encode_plain(texts) == plain
+        assert bulk_tok.encode([texts[i] for i in at_limit], truncate=False) == [full[i] for i in at_limit]
+    assert bulk_tok._chunks._memo and asked
+    warm = [c for chunks in asked for c in chunks]
+    assert warm and all(len(c) > MEMO_CHUNK_CHARS for c in warm)
+    monkeypatch.setattr(sidecar.tokenize._AsciiTwin, "encode", _rust_only)  # the memo, not the twin's path
+    assert bulk_tok.encode(texts[:50]) == [_cut(ids, spec.max_tokens) for ids in full[:50]]
+
+
+def test_a_bulk_slice_of_mostly_new_chunks_goes_through_rust_and_teaches_the_memo_a_few(spec, bulk_tok):
+    from tokenizers import Tokenizer
+
+    from sidecar.tokenize import MEMO_LEARN_SLICE_CHUNKS
+
+    reference = Tokenizer.from_file(str(spec.tokenizer_path))
+    reference.no_padding()
+    reference.enable_truncation(spec.max_tokens)
+    hashes = [" ".join(f"{(i * 7919 + j) * 2654435761 % 16**10:x}" for j in range(40)) for i in range(300)]
+    expected = [e.ids for e in reference.encode_batch(hashes)]
+    assert bulk_tok.encode(hashes) == expected
+    assert len(bulk_tok._chunks._memo) == MEMO_LEARN_SLICE_CHUNKS
+    # Mostly seen chunks: all the new ones are learned, in one call.
+    words = [f"word{i % 50} and more" for i in range(300)]
+    assert bulk_tok.encode(words) == [e.ids for e in reference.encode_batch(words)]
+    assert {"word0", "word49", "and", "more"} <= bulk_tok._chunks._memo.keys()
+
+
+@pytest.mark.parametrize("max_tokens,eos", [(4, None), (10, None), (4, 102), (10, 102)])
+def test_bulk_slices_from_the_memo_cut_at_every_limit_like_rust(spec, max_tokens, eos):
+    texts = ["", "hi", "hello world", "word " * 8, "word " * 9, "word " * 20, "a, b. c! " * 4,
+             ("q" * 150 + " ") * 3 + "word " * 9, "word " * 400] * 40
+    with_memo = TextTokenizer(spec.tokenizer_path, max_tokens, eos_id=eos, workers=1, processes=0,
+                              memo_bulk=True)
+    without = TextTokenizer(spec.tokenizer_path, max_tokens, eos_id=eos, workers=1, memo_chunks=0)
+    try:
+        assert with_memo.encode(texts) == without.encode(texts)
+        assert with_memo.encode_plain(texts) == without.encode_plain(texts)
+        assert with_memo._chunks._memo
+    finally:
+        with_memo.close()
+        without.close()
+
+
 def test_a_limit_with_no_room_for_text_beside_the_special_tokens_is_refused():
     from core_engine.loader import default_model_dir
 
