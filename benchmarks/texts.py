@@ -49,21 +49,22 @@ def _vocabulary(config: str) -> tuple[list[str], list[float]]:
 
 
 def _draft(rng: random.Random, words: list[str], weights: list[float], count: int) -> str:
-    """`count` words of prose-shaped text."""
+    """`count` words of prose-shaped text: one uniform draw a word picks a number (2 %), a capital
+    mid-sentence (4 %) or a comma after it (7 %)."""
     drawn = rng.choices(words, cum_weights=weights, k=count)
     out, left = [], 0
-    for word in drawn:
-        if rng.random() < 0.02:
+    for word, mark in zip(drawn, [rng.random() for _ in range(count)]):
+        if mark < 0.02:
             word = str(rng.choice((rng.randint(0, 99), rng.randint(1800, 2030), rng.randint(100, 99999))))
         if left == 0:
             left = rng.randint(6, 24)
             word = word.capitalize()
-        elif rng.random() < 0.04:
+        elif mark < 0.06:
             word = word.capitalize()
         left -= 1
         if left == 0:
             word += rng.choice("........?!")
-        elif rng.random() < 0.07:
+        elif 0.06 <= mark < 0.13:
             word += ","
         out.append(word)
     return " ".join(out)
