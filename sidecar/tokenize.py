@@ -23,8 +23,7 @@ from 4.2-4.8 to 4.9-5.8 M tokens/s (passages, side by side). A worker sends its 
 int32 bytes, which become lists here at ~10 ns a token. The processes are spawned (the parent
 holds CUDA and threads), so they start from a clean interpreter. A slice whose worker dies is
 redone on the threads; a pool that served before is then replaced, one that never served is
-given up. A worker tokenizes its ASCII texts from its own chunk memo (below; WORKER_MEMO_FACTOR
-times the size, for a corpus's vocabulary), asking Rust only for the chunks it has not seen.
+given up.
 
 BERT tokenizers (WordPiece behind a `BertNormalizer` and a `BertPreTokenizer`: MiniLM, BGE,
 E5, GTE) normalize every text with control-character cleanup, CJK spacing, NFD accent
@@ -123,20 +122,12 @@ _RUST_THREADS = int(os.environ.get("RAYON_NUM_THREADS") or 0) or os.cpu_count() 
 # FERN_TOKEN_MEMO_CHUNKS sets it; 0 turns the memo off (a stream of mostly unseen words, IDs
 # or hashes pays ~1.55x the Rust path per text on misses).
 MEMO_CHUNKS = int(os.environ.get("FERN_TOKEN_MEMO_CHUNKS", 1 << 15))
-# A worker process's memo, which serves bulk requests, holds this many times as many: a
-# corpus's vocabulary rather than a query stream's (6,000 benchmark passages hold 53,000 distinct
-# chunks), ~45 MiB at the default.
-WORKER_MEMO_FACTOR = 4
 # Longer chunks (URLs, hashes, [UNK]-sized words) are rare in a query and are not kept.
 MEMO_CHUNK_CHARS = 32
 # A text whose chunks are mostly new gets its ids from one Rust call as without the memo, and
 # a second call on at most this many of its new chunks fills the memo: a text with no chunk
 # seen before costs ~1.6x the memo-less path rather than ~2x, and the memo still warms up.
 MEMO_LEARN_CHUNKS = 16
-# A bulk slice whose missing chunks are mostly new goes through Rust and teaches the memo this many.
-MEMO_LEARN_SLICE_CHUNKS = 256
-# A bulk slice's missing chunks are learned in inputs of at least this many, one a Rust thread.
-LEARN_GROUP_CHUNKS = 512
 
 
 # A bulk request (at least this many characters: ~4,000 English tokens, a few ms of one core's
@@ -186,14 +177,13 @@ def _ids(tokenizer: Tokenizer, texts: list[str], special: bool) -> list[list[int
 _WORKER: "TextTokenizer | None" = None
 
 
-def _start_worker(path: str, max_tokens: int, eos_id: int | None, rust_threads: int, memo_chunks: int) -> None:
+def _start_worker(path: str, max_tokens: int, eos_id: int | None, rust_threads: int) -> None:
     # Rust's thread pool starts at its first parallel call and reads RAYON_NUM_THREADS then;
     # _RUST_THREADS sizes the twin's joined inputs to that pool.
     global _WORKER, _RUST_THREADS
     os.environ["RAYON_NUM_THREADS"] = str(rust_threads)
     _RUST_THREADS = rust_threads
-    _WORKER = TextTokenizer(path, max_tokens, eos_id=eos_id, workers=1, processes=0,
-                            memo_chunks=memo_chunks, memo_bulk=True)
+    _WORKER = TextTokenizer(path, max_tokens, eos_id=eos_id, workers=1, memo_chunks=0, processes=0)
 
 
 def _worker_ids(texts: list[str], how: str) -> tuple[bytes, bytes]:
@@ -373,60 +363,6 @@ class _ChunkIds:
             seqs.append(body)
         return seqs
 
-    def encode_many(self, texts: list[str], special: bool, limit: int | None) -> list[list[int]]:
-        """`encode` for a bulk slice (in a worker process, under its own GIL): the chunks that
-        the memo lacks are gathered over the whole slice and tokenized together, once each.
-
-        A text over the limit is first cut to CUT_CHARS_PER_TOKEN characters a token at a space,
-        as the twin cuts it, and redone whole only when that head falls short of the limit."""
-        room = None if limit is None else limit - (self.specials if special else 0)
-        lowered = [t.lower() for t in texts]
-        heads = lowered
-        if room is not None:
-            cut = room * CUT_CHARS_PER_TOKEN
-            heads = [t if len(t) <= cut else _head(t, cut) for t in lowered]
-        bodies = self._bodies([h.split() for h in heads])
-        if room is not None:
-            short = [i for i, (t, h) in enumerate(zip(lowered, heads)) if h is not t and len(bodies[i]) < room]
-            for i, body in zip(short, self._bodies([lowered[i].split() for i in short])):
-                bodies[i] = body
-        for i, body in enumerate(bodies):
-            if room is not None and len(body) > room:
-                del body[room:]
-            if special:
-                bodies[i] = [*self._prefix, *body, *self._suffix]
-        return bodies
-
-    def _bodies(self, chunked: list[list[str]]) -> list[list[int]]:
-        """The plain ids of texts split into chunks. The chunks the memo lacks are tokenized
-        together, each once; when they are most of those texts' chunks (IDs, hashes, another
-        language), those texts go through the twin's Rust path instead, and teach the memo
-        MEMO_LEARN_SLICE_CHUNKS of their chunks."""
-        memo = self._memo
-        looked = [list(map(memo.get, chunks)) for chunks in chunked]
-        misses = [i for i, found in enumerate(looked) if None in found]
-        if misses:
-            missing = list({c: None for i in misses for c, ids in zip(chunked[i], looked[i]) if ids is None})
-            if 2 * len(missing) > sum(len(chunked[i]) for i in misses):
-                plain = _ids(self._tokenizer, [" ".join(chunked[i]) for i in misses], False)
-                learned = self._tokenize([c for c in missing if len(c) <= self._chars][:MEMO_LEARN_SLICE_CHUNKS])
-                self._learn(learned)
-                found = dict(zip(misses, plain))
-                return [found[i] if i in found else list(chain.from_iterable(ids))
-                        for i, ids in enumerate(looked)]
-            learned = self._tokenize(missing)
-            for i in misses:
-                looked[i] = [learned[c] if ids is None else ids for c, ids in zip(chunked[i], looked[i])]
-            self._learn(learned)
-        return [list(chain.from_iterable(ids)) for ids in looked]
-
-    def _learn(self, learned: dict[str, tuple[int, ...]]) -> None:
-        """Keep `learned`'s short chunks; a memo they would overfill is emptied first."""
-        kept = [(chunk, ids) for chunk, ids in learned.items() if len(chunk) <= self._chars][:self._entries]
-        if len(self._memo) + len(kept) > self._entries:
-            self._memo.clear()
-        self._memo.update(kept)
-
     def _miss(self, lowered: str, chunks: list[str]) -> list[int]:
         """The plain ids of `lowered` (split into `chunks`), some of which the memo lacks."""
         memo = self._memo
@@ -439,28 +375,25 @@ class _ChunkIds:
         else:  # mostly new: the text in one call as without the memo, which learns some of them
             body = _ids(self._tokenizer, [lowered], False)[0]
             learned = self._tokenize([c for c in missing if len(c) <= self._chars][:MEMO_LEARN_CHUNKS])
-        self._learn(learned)
+        kept = [(chunk, ids) for chunk, ids in learned.items() if len(chunk) <= self._chars][:self._entries]
+        if len(memo) + len(kept) > self._entries:
+            memo.clear()
+        memo.update(kept)
         return body
 
     def _tokenize(self, chunks: list[str]) -> dict[str, tuple[int, ...]]:
         """The twin's plain ids of each of `chunks`, from one call on them joined by spaces."""
         if not chunks:
             return {}
-        # Many (a bulk slice's) in one input per Rust thread, a few in one input.
-        size = max(LEARN_GROUP_CHUNKS, -(-len(chunks) // _RUST_THREADS))
-        groups = [chunks[i:i + size] for i in range(0, len(chunks), size)]
-        learned = {}
-        for group, encoding in zip(groups, self._tokenizer.encode_batch([" ".join(g) for g in groups],
-                                                                        add_special_tokens=False)):
-            starts, ends = zip(*encoding.offsets)
-            # A chunk's tokens are contiguous (its words are, and so are a word's pieces) and a
-            # space separates two chunks: a chunk's first token is the one after a gap.
-            firsts = [0, *compress(count(1), map(gt, starts[1:], ends)), len(starts)]
-            if len(firsts) != len(group) + 1:
-                raise RuntimeError(f"{len(firsts) - 1} token runs for {len(group)} chunks: {group[:8]!r}")
-            ids = tuple(encoding.ids)
-            learned.update(zip(group, [ids[a:b] for a, b in zip(firsts, firsts[1:])]))
-        return learned
+        encoding = self._tokenizer.encode(" ".join(chunks), add_special_tokens=False)
+        starts, ends = zip(*encoding.offsets)
+        # A chunk's tokens are contiguous (its words are, and so are a word's pieces) and a
+        # space separates two chunks: a chunk's first token is the one after a gap.
+        firsts = [0, *compress(count(1), map(gt, starts[1:], ends)), len(starts)]
+        if len(firsts) != len(chunks) + 1:
+            raise RuntimeError(f"{len(firsts) - 1} token runs for {len(chunks)} chunks: {chunks[:8]!r}")
+        ids = tuple(encoding.ids)
+        return dict(zip(chunks, [ids[a:b] for a, b in zip(firsts, firsts[1:])]))
 
 
 class TextTokenizer:
@@ -475,8 +408,7 @@ class TextTokenizer:
     def __init__(self, tokenizer_path: str | Path, max_tokens: int, *, eos_id: int | None = None,
                  workers: int | None = None, slice_texts: int = SLICE_TEXTS,
                  memo_chunks: int = MEMO_CHUNKS, processes: int | None = None,
-                 process_threads: int | None = None, process_slice_chars: int = PROCESS_SLICE_CHARS,
-                 memo_bulk: bool = False) -> None:
+                 process_threads: int | None = None, process_slice_chars: int = PROCESS_SLICE_CHARS) -> None:
         self.max_tokens = int(max_tokens)
         if self.max_tokens < 2:
             raise ValueError(f"max_tokens must be at least 2, got {max_tokens}")
@@ -499,7 +431,6 @@ class TextTokenizer:
         # One chunk memo serves both twins, whose plain ids are the same (0 chunks: no memo).
         self._chunks = (_ChunkIds.of(self._full_twin, memo_chunks)
                         if self._full_twin is not None and memo_chunks > 0 else None)
-        self.memo_bulk = memo_bulk
         self.special_ids = frozenset(i for i, tok in self._full.get_added_tokens_decoder().items()
                                      if tok.special)
         self.vocab_size = self._full.get_vocab_size(with_added_tokens=True)
@@ -513,8 +444,7 @@ class TextTokenizer:
         self.process_slices = self.process_failures = self.process_restarts = 0
         self.process_slice_chars = int(process_slice_chars)
         self._worker_args = (str(tokenizer_path), self.max_tokens, eos_id,
-                             process_threads or default_process_threads(self.processes),
-                             WORKER_MEMO_FACTOR * memo_chunks)
+                             process_threads or default_process_threads(self.processes))
         self._procs = self._start_processes() if self.processes > 0 else None
 
     def _start_processes(self) -> ProcessPoolExecutor:
@@ -543,14 +473,10 @@ class TextTokenizer:
 
     def _twin_ids(self, twin: _AsciiTwin, texts: list[str], special: bool, small: bool) -> list[list[int]]:
         # A query-sized request's from the chunk memo, in Python under the GIL (on the loop,
-        # which holds it anyway); a bulk one's from Rust's threads, which run without it,
-        # except in a worker process, whose GIL is its own (memo_bulk).
+        # which holds it anyway); a bulk one's from Rust's threads, which run without it.
         # __init__ refuses a limit with no room beside the special tokens, as the memo needs.
-        if self._chunks is not None:
-            if small:
-                return self._chunks.encode(texts, special, twin._limit)
-            if self.memo_bulk:
-                return self._chunks.encode_many(texts, special, twin._limit)
+        if small and self._chunks is not None:
+            return self._chunks.encode(texts, special, twin._limit)
         return twin.encode(texts, special)
 
     @classmethod
