@@ -41,6 +41,9 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
     parser.add_argument("--capture-prewarm", default="", metavar="SPEC",
                         help="the capture part also loads a server started with --prewarm SPEC (e.g. queries), "
                              "with the same requests as the lazy one")
+    parser.add_argument("--texts", choices=("zipf", "words"), default="zipf",
+                        help="the texts' words: drawn by Zipf's law from the tokenizer's vocabulary with "
+                             "sentences and punctuation (default), or the 200-word list of results before stop 18")
     parser.add_argument("--tag", default="",
                         help="suffix for the result file names, e.g. the machine")
     parser.set_defaults(func=run_from_args)
@@ -63,6 +66,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         latency_models=tuple(args.latency_models or ()),
         latency_lengths=tuple(args.latency_lengths or ()),
         capture_prewarm=args.capture_prewarm,
+        texts=args.texts,
     )
     run_suite(options)
     return 0

@@ -56,6 +56,7 @@ class BenchOptions:
     latency_models: tuple[str, ...] = ()  # empty: the plan's
     latency_lengths: tuple[int, ...] = ()
     capture_prewarm: str = ""  # non-empty: the capture part also loads a server started with --prewarm this
+    texts: str = "zipf"  # benchmarks/texts.py's vocabulary: "zipf", or "words" (before stop 18)
 
 
 @dataclass(frozen=True)
@@ -308,7 +309,7 @@ def part_latency(ctx: Context) -> dict[str, Any]:
         for length in plan.latency_lengths:
             if length > engine.spec.max_tokens:
                 continue
-            texts = make_texts(tok, [length] * 8, seed=length)
+            texts = make_texts(tok, [length] * 8, seed=length, vocabulary=ctx.options.texts)
             ids = [e.ids for e in tok.encode_batch_fast(texts)]
             for i in range(3):  # eager, capture, replay
                 engine.embed([ids[i % len(ids)]])
@@ -362,7 +363,8 @@ def _latency_st(ctx: Context, spec, tok: Tokenizer, lengths: list[int], iters: i
     for length in lengths:
         if length > spec.max_tokens:
             continue
-        texts = make_texts(tok, [length] * 8, seed=length)  # the engine rows' texts
+        # the engine rows' texts
+        texts = make_texts(tok, [length] * 8, seed=length, vocabulary=ctx.options.texts)
         for text in texts[:3]:
             st.encode([text])
         times = []
@@ -392,7 +394,7 @@ def _latency_e2e(ctx: Context, name: str, tok: Tokenizer) -> dict[str, Any]:
                                   "client": "benchmarks.latency_client subprocess per setting",
                                   "client_settings": CLIENT_SETTINGS, "by_client_setting": {}}
         for length in (128,) if ctx.plan.latency_lengths else ():
-            texts = make_texts(tok, [length] * 8, seed=length)
+            texts = make_texts(tok, [length] * 8, seed=length, vocabulary=ctx.options.texts)
             rows = {setting: _latency_client(served.target, texts, ctx.plan.e2e_iters, env)
                     for setting, env in CLIENT_SETTINGS.items()}
             result[str(length)] = rows["default"]
@@ -449,7 +451,8 @@ def part_throughput(ctx: Context) -> dict[str, Any]:
         engine = _engine(ctx, name, max_step_tokens=biggest)
         tok = _tokenizer(engine.spec.path, engine.spec.max_tokens)
         length = min(plan.throughput_text_tokens, engine.spec.max_tokens)
-        texts = make_texts(tok, [length] * (4 * max(plan.texts_per_request)), seed=3)
+        texts = make_texts(tok, [length] * (4 * max(plan.texts_per_request)), seed=3,
+                           vocabulary=ctx.options.texts)
         ids = [e.ids for e in tok.encode_batch_fast(texts)]
         fpt = flops_per_token(engine.spec.config, engine.spec.family, length, engine.spec.causal)
         rows = {}
@@ -656,15 +659,18 @@ def _compare_workload(ctx: Context, engine, gateway: _Gateway, reference: _Gatew
     shape = Workload(wl.name, min(wl.low, high), high, wl.count)
     per_chunk = max(1, plan.step_tokens // ((wl.low + high) // 2))
     path = engine.spec.tokenizer_path
-    text_sets = [workload_texts(path, shape, seed=seed) for seed in COMPARE_SEEDS]
+
+    def texts_of(seed: int, count: int = shape.count) -> list[str]:
+        return workload_texts(path, replace(shape, count=count), seed=seed, vocabulary=ctx.options.texts)
+
+    text_sets = [texts_of(seed) for seed in COMPARE_SEEDS]
     chunk_sets = [_chunks(texts, per_chunk) for texts in text_sets]
-    tok_sets = [_chunks(workload_texts(path, shape, seed=seed), per_chunk) for seed in TOKENIZER_SEEDS]
+    tok_sets = [_chunks(texts_of(seed), per_chunk) for seed in TOKENIZER_SEEDS]
     ids_sets = [_encode_ids(reference, chunks) for chunks in chunk_sets]
     totals = [sum(map(len, ids)) for ids in ids_sets]
     # Tokenizer alone: the same tokenizer, pools and chunking as the Fern run, after an untimed
     # pass (a quarter of another set) that starts the pools' threads and processes.
-    _encode_ids(gateway, _chunks(workload_texts(path, replace(shape, count=shape.count // 4), seed=WARM_SEED),
-                                 per_chunk))
+    _encode_ids(gateway, _chunks(texts_of(WARM_SEED, shape.count // 4), per_chunk))
     tok_totals = [sum(map(len, _encode_ids(reference, chunks))) for chunks in tok_sets]
     tok_passes = _timed_sets(lambda i: sum(map(len, _encode_ids(gateway, tok_sets[i]))), tok_totals)
     # Fern engine only (pre-tokenized), the same steps as Fern's text to vectors; two untimed
@@ -737,7 +743,7 @@ def part_capture(ctx: Context) -> dict[str, Any]:
     tok = _tokenizer(model, spec.max_tokens)
     rng = random.Random(5)
     lengths = [rng.randint(8, min(512, spec.max_tokens)) for _ in range(400)]
-    pool = make_texts(tok, lengths, seed=6)
+    pool = make_texts(tok, lengths, seed=6, vocabulary=ctx.options.texts)
     first, after = plan.capture_windows
     why_not = _sidecar_reason(ctx)
     result: dict[str, Any] = {"model": name, "windows_s": [first, after]}
@@ -824,7 +830,8 @@ def part_backends(ctx: Context) -> dict[str, Any]:
             rows = {}
             for label, count, length in (("1x128", 1, 128), ("16x512", 16, 512)):
                 length = min(length, spec.max_tokens)
-                ids = [e.ids for e in tok.encode_batch_fast(make_texts(tok, [length] * count, seed=9))]
+                texts = make_texts(tok, [length] * count, seed=9, vocabulary=ctx.options.texts)
+                ids = [e.ids for e in tok.encode_batch_fast(texts)]
                 for _ in range(3):
                     engine.embed(ids)
                 times = []

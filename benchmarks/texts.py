@@ -35,6 +35,7 @@ _WORDS = (
     "river mountain ocean forest city music painting history science language market energy water"
 ).split()
 _MIN_VOCABULARY = 1000
+VOCABULARIES = ("zipf", "words")
 
 
 @lru_cache(maxsize=8)
@@ -80,17 +81,26 @@ class Workload:
     count: int
 
 
-def make_texts(tokenizer: Tokenizer | str | Path, lengths: list[int], seed: int = 0) -> list[str]:
-    """One text per requested length; each tokenizes to that many tokens with specials."""
+def make_texts(tokenizer: Tokenizer | str | Path, lengths: list[int], seed: int = 0,
+               vocabulary: str = "zipf") -> list[str]:
+    """One text per requested length; each tokenizes to that many tokens with specials.
+
+    `vocabulary` "words" draws from the 200-word list evenly, as the texts before stop 18 did
+    (lowercase, no punctuation), to compare with earlier results."""
+    if vocabulary not in VOCABULARIES:
+        raise ValueError(f"vocabulary must be one of {VOCABULARIES}, got {vocabulary!r}")
     if not isinstance(tokenizer, Tokenizer):
         tokenizer = Tokenizer.from_file(str(tokenizer))
     tok = Tokenizer.from_str(tokenizer.to_str())
     tok.no_padding()
     tok.no_truncation()
-    words, weights = _vocabulary(tok.to_str())
     rng = random.Random(seed)
     specials = len(tok.encode("", add_special_tokens=True).ids)
-    drafts = [_draft(rng, words, weights, max(1, n)) for n in lengths]
+    if vocabulary == "words":
+        drafts = [" ".join(rng.choice(_WORDS) for _ in range(max(1, n))) for n in lengths]
+    else:
+        words, weights = _vocabulary(tok.to_str())
+        drafts = [_draft(rng, words, weights, max(1, n)) for n in lengths]
     texts = []
     # Cut each draft at the end of its (n - specials)th token: WordPiece keeps the pieces
     # before a cut between two of a word's pieces, so the text has exactly that many tokens.
@@ -100,15 +110,16 @@ def make_texts(tokenizer: Tokenizer | str | Path, lengths: list[int], seed: int 
     return texts
 
 
-def workload_texts(tokenizer: Tokenizer | str | Path, workload: Workload, seed: int = 0) -> list[str]:
+def workload_texts(tokenizer: Tokenizer | str | Path, workload: Workload, seed: int = 0,
+                   vocabulary: str = "zipf") -> list[str]:
     """`workload.count` texts with lengths uniform in [low, high] (drawn once per tokenizer,
-    workload and seed in a process: the benchmark's models share one tokenizer)."""
+    workload, seed and vocabulary in a process: the benchmark's models share one tokenizer)."""
     config = tokenizer.to_str() if isinstance(tokenizer, Tokenizer) else Path(tokenizer).read_text()
-    return list(_workload_texts(config, workload, seed))
+    return list(_workload_texts(config, workload, seed, vocabulary))
 
 
 @lru_cache(maxsize=32)
-def _workload_texts(config: str, workload: Workload, seed: int) -> tuple[str, ...]:
+def _workload_texts(config: str, workload: Workload, seed: int, vocabulary: str) -> tuple[str, ...]:
     rng = random.Random(seed)
     lengths = [rng.randint(workload.low, workload.high) for _ in range(workload.count)]
-    return tuple(make_texts(Tokenizer.from_str(config), lengths, seed=seed + 1))
+    return tuple(make_texts(Tokenizer.from_str(config), lengths, seed=seed + 1, vocabulary=vocabulary))

@@ -24,15 +24,29 @@ def tokenizer() -> Tokenizer:
     return tok
 
 
-def test_texts_have_the_requested_token_counts(tokenizer: Tokenizer) -> None:
-    lengths = [8, 16, 24, 64, 128, 256, 512]
-    texts = make_texts(tokenizer, lengths, seed=1)
+@pytest.mark.parametrize("vocabulary", ["zipf", "words"])
+def test_texts_have_the_requested_token_counts(tokenizer: Tokenizer, vocabulary: str) -> None:
+    lengths = [3, 8, 16, 24, 64, 128, 256, 512] * 5
+    texts = make_texts(tokenizer, lengths, seed=1, vocabulary=vocabulary)
     counts = [len(e.ids) for e in tokenizer.encode_batch(texts)]
-    assert all(abs(c - n) <= 1 for c, n in zip(counts, lengths)), (counts, lengths)
-    assert make_texts(tokenizer, lengths, seed=1) == texts  # seeded
-    wl = workload_texts(tokenizer, Workload("passages", 64, 256, 50), seed=2)
+    assert counts == lengths
+    assert make_texts(tokenizer, lengths, seed=1, vocabulary=vocabulary) == texts  # seeded
+    wl = workload_texts(tokenizer, Workload("passages", 64, 256, 50), seed=2, vocabulary=vocabulary)
     counts = [len(e.ids) for e in tokenizer.encode_batch(wl)]
-    assert len(wl) == 50 and min(counts) >= 63 and max(counts) <= 257
+    assert len(wl) == 50 and min(counts) >= 64 and max(counts) <= 256
+    assert workload_texts(tokenizer, Workload("passages", 64, 256, 50), seed=3, vocabulary=vocabulary) != wl
+
+
+def test_zipf_texts_read_like_prose_and_the_word_list_does_not(tokenizer: Tokenizer) -> None:
+    # Many distinct chunks, capitals, punctuation and numbers: what a tokenizer's chunk memo
+    # meets in real text, unlike the 200-word list the results before stop 18 used.
+    zipf, words = (" ".join(workload_texts(tokenizer, Workload("passages", 64, 256, 300), seed=4, vocabulary=v))
+                   for v in ("zipf", "words"))
+    assert len(set(zipf.split())) > 8000 and len(set(words.split())) <= 200
+    assert all(any(c in zipf for c in kind) for kind in (",.?!", "0123456789", "ABCDEFGHIJKLMNOPQRSTUVWXYZ"))
+    assert words == words.lower() and not any(c in words for c in ",.?!0123456789")
+    with pytest.raises(ValueError, match="vocabulary must be one of"):
+        make_texts(tokenizer, [8], vocabulary="english")
 
 
 def test_flops_per_token_counts_projections_mlp_and_attention() -> None:
