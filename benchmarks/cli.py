@@ -38,6 +38,8 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
                         help="the latency part's models instead of the suite's (e.g. minilm bge-base)")
     parser.add_argument("--latency-lengths", nargs="+", type=int, default=None, metavar="TOKENS",
                         help="the latency part's tokens per text instead of the suite's")
+    parser.add_argument("--compare-models", nargs="+", default=None, metavar="NAME",
+                        help="the compare part's models instead of the suite's (e.g. minilm)")
     parser.add_argument("--capture-prewarm", default="", metavar="SPEC",
                         help="the capture part also loads a server started with --prewarm SPEC (e.g. queries), "
                              "with the same requests as the lazy one")
@@ -65,6 +67,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         tag=args.tag,
         latency_models=tuple(args.latency_models or ()),
         latency_lengths=tuple(args.latency_lengths or ()),
+        compare_models=tuple(args.compare_models or ()),
         capture_prewarm=args.capture_prewarm,
         texts=args.texts,
     )

@@ -55,6 +55,7 @@ class BenchOptions:
     tag: str = ""
     latency_models: tuple[str, ...] = ()  # empty: the plan's
     latency_lengths: tuple[int, ...] = ()
+    compare_models: tuple[str, ...] = ()  # empty: the plan's
     capture_prewarm: str = ""  # non-empty: the capture part also loads a server started with --prewarm this
     texts: str = "zipf"  # benchmarks/texts.py's vocabulary: "zipf", or "words" (before stop 18)
 
@@ -682,10 +683,14 @@ def _compare_workload(ctx: Context, engine, gateway: _Gateway, reference: _Gatew
     engine_passes = _timed_sets(lambda i: _pipelined_once(engine, id_sets[i]), totals)
     # Fern, text to vectors.
     fern_passes = _timed_sets(lambda i: _fern_texts_to_vectors(engine, gateway, chunk_sets[i]), totals)
-    # sentence-transformers at each batch size, after one untimed pass that warms its kernels
-    # and allocator at the largest batch size; the median of three passes, as Fern's figures.
+    # sentence-transformers at each batch size, after an untimed pass at each over a set of its
+    # own; the median of three passes, as Fern's figures. On the H200 host ST's passes speed up
+    # with use (MiniLM passages, one 4,096-text warm-up: 248-425 k tok/s in its first four
+    # passes, 451-540 k in passes 8-10; results/st-probe-h200-stop18.json), so it is warmed as
+    # long as Fern, whose engine steps every set twice before it is timed.
     texts = text_sets[0]
-    st.encode(texts[:4096], batch_size=max(plan.st_batch_sizes), show_progress_bar=False)
+    for bs in plan.st_batch_sizes:
+        st.encode(texts_of(WARM_SEED), batch_size=bs, show_progress_bar=False)
 
     def st_pass(bs: int, i: int) -> int:
         _sync(ctx.device)
@@ -914,6 +919,8 @@ def run_suite(options: BenchOptions) -> dict[str, Any]:
     plan = PLANS[options.suite]
     if options.latency_models:
         plan = replace(plan, latency_models=options.latency_models)
+    if options.compare_models:
+        plan = replace(plan, compare_models=options.compare_models)
     if options.latency_lengths:
         plan = replace(plan, latency_lengths=options.latency_lengths)
     if not device.startswith("cuda"):
