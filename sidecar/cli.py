@@ -94,7 +94,7 @@ def _model_args(p: argparse.ArgumentParser, flag: str = "--model") -> None:
                    help="tokenizer threads per model (env FERN_TOKENIZER_WORKERS; default: "
                         "2..8 by CPU count)")
     p.add_argument("--tokenizer-processes", type=int, default=_env_int("TOKENIZER_PROCESSES", None),
-                   help="tokenizer worker processes per model for bulk requests, 0 for none (env "
+                   help="tokenizer worker processes for bulk requests, shared by the served models, 0 for none (env "
                         "FERN_TOKENIZER_PROCESSES; default: one per 4 cores from 8 cores up)")
     for flag, field in SCHEDULER_KNOBS.items():
         env = flag.upper().replace("-", "_")

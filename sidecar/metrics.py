@@ -94,7 +94,7 @@ GRAPH_FAMILIES: tuple[Family, ...] = (
 # Per model, from its TextTokenizer: the worker processes that tokenize bulk requests.
 TOKENIZER_FAMILIES: tuple[Family, ...] = (
     Family("fern_tokenizer_processes", "gauge",
-           "Tokenizer worker processes taking bulk requests now (0: none, or given up after failing to start).",
+           "Tokenizer worker processes taking bulk requests now, shared by the models (0: none, or given up).",
            lambda t: t.live_processes),
     Family("fern_tokenizer_process_slices_total", "counter", "Request slices tokenized in worker processes.",
            lambda t: t.process_slices),

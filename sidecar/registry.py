@@ -9,7 +9,7 @@ from pathlib import Path
 from core_engine.config import ModelSpec
 from sidecar.errors import not_found
 from sidecar.scheduler import Scheduler, SchedulerConfig
-from sidecar.tokenize import TextTokenizer
+from sidecar.tokenize import TextTokenizer, TokenizerProcesses, default_processes
 
 
 @dataclass
@@ -91,6 +91,9 @@ class Registry:
         from core_engine.loader import default_model_dir
 
         devices = engine_devices(device)
+        # One set of tokenizer worker processes serves every model (see TokenizerProcesses).
+        processes = default_processes() if tokenizer_processes is None else tokenizer_processes
+        shared = TokenizerProcesses(processes) if processes > 0 else None
         models = []
         for source in sources or [ModelSource(None)]:
             path = source.path if source.path is not None else default_model_dir()
@@ -99,8 +102,10 @@ class Registry:
             spec = engines[0].spec
             config = scheduler_config(engines[0].device.type) if callable(scheduler_config) \
                 else scheduler_config or SchedulerConfig.for_device(engines[0].device.type)
-            tokenizer = TextTokenizer.for_spec(spec, tokenizer_workers, tokenizer_processes)
+            tokenizer = TextTokenizer.for_spec(spec, tokenizer_workers, shared if shared is not None else 0)
             models.append(ServedModel(spec, tokenizer, Scheduler(engines, config), engines))
+        if shared is not None:
+            shared.start()
         return cls(models)
 
     def get(self, name: str = "") -> ServedModel:

@@ -21,9 +21,10 @@ own GIL and a few Rust threads. Reading ids off Encodings holds the GIL ~50 ns a
 one process that GIL is also the engine loop's: on the H200 host MiniLM text to vectors went
 from 4.2-4.8 to 4.9-5.8 M tokens/s (passages, side by side). A worker sends its ids back as
 int32 bytes, which become lists here at ~10 ns a token. The processes are spawned (the parent
-holds CUDA and threads), so they start from a clean interpreter. A slice whose worker dies is
-redone on the threads; a pool that served before is then replaced, one that never served is
-given up.
+holds CUDA and threads), so they start from a clean interpreter. One set of them serves every
+model of a sidecar (TokenizerProcesses), each worker holding every model's tokenizer. A slice
+whose worker dies is redone on the threads; a pool that served before is then replaced, one
+that never served is given up.
 
 BERT tokenizers (WordPiece behind a `BertNormalizer` and a `BertPreTokenizer`: MiniLM, BGE,
 E5, GTE) normalize every text with control-character cleanup, CJK spacing, NFD accent
@@ -173,27 +174,119 @@ def _ids(tokenizer: Tokenizer, texts: list[str], special: bool) -> list[list[int
     return [e.ids for e in encode(texts, add_special_tokens=special)]
 
 
-# In a tokenizer worker process: its own TextTokenizer (no threads, no memo, no processes).
-_WORKER: "TextTokenizer | None" = None
+# In a tokenizer worker process: a TextTokenizer per model it serves (no threads, no memo, no
+# processes), keyed by (tokenizer path, max_tokens, eos_id).
+_WORKER_TOKENIZERS: dict[tuple, "TextTokenizer"] = {}
 
 
-def _start_worker(path: str, max_tokens: int, eos_id: int | None, rust_threads: int) -> None:
+def _start_worker(rust_threads: int, models: tuple[tuple, ...]) -> None:
     # Rust's thread pool starts at its first parallel call and reads RAYON_NUM_THREADS then;
-    # _RUST_THREADS sizes the twin's joined inputs to that pool.
-    global _WORKER, _RUST_THREADS
+    # _RUST_THREADS sizes the twin's joined inputs to that pool. The models known when the pool
+    # starts are loaded now; one added later is loaded by its first slice.
+    global _RUST_THREADS
     os.environ["RAYON_NUM_THREADS"] = str(rust_threads)
     _RUST_THREADS = rust_threads
-    _WORKER = TextTokenizer(path, max_tokens, eos_id=eos_id, workers=1, memo_chunks=0, processes=0)
+    for model in models:
+        _worker_tokenizer(model)
 
 
-def _worker_ids(texts: list[str], how: str) -> tuple[bytes, bytes]:
+def _worker_tokenizer(model: tuple) -> "TextTokenizer":
+    tok = _WORKER_TOKENIZERS.get(model)
+    if tok is None:
+        path, max_tokens, eos_id = model
+        tok = _WORKER_TOKENIZERS[model] = TextTokenizer(path, max_tokens, eos_id=eos_id, workers=1,
+                                                        memo_chunks=0, processes=0)
+    return tok
+
+
+def _worker_ids(model: tuple, texts: list[str], how: str) -> tuple[bytes, bytes]:
     """`TextTokenizer._ids_of` in a worker process, packed: every id as int32, then each text's count."""
-    assert _WORKER is not None, "not a tokenizer worker process"
-    seqs = _WORKER._ids_of(texts, how)
+    seqs = _worker_tokenizer(model)._ids_of(texts, how)
     flat = array("i")
     for ids in seqs:
         flat.extend(ids)
     return flat.tobytes(), array("i", map(len, seqs)).tobytes()
+
+
+class TokenizerProcesses:
+    """The worker processes that tokenize bulk requests, shared by the models of a sidecar.
+
+    Each worker holds a tokenizer for every model that `add`ed itself: the models known when the
+    pool starts are loaded by each worker as it starts, a later one by its first slice there. So
+    a sidecar serving several models runs one set of `processes` workers (default_processes),
+    not one per model, and a busy model has all of them. The processes are spawned (the parent
+    holds CUDA and threads) when `start` is first called, in the background, so that the first
+    bulk request does not wait for them. After a worker dies, a pool that had served is replaced;
+    one that never served (workers that cannot start: a main module that starts Fern again when
+    spawned) is given up, and every model tokenizes on its threads.
+    """
+
+    def __init__(self, processes: int, threads: int | None = None) -> None:
+        if processes < 1:
+            raise ValueError(f"processes must be at least 1, got {processes}")
+        self.processes = int(processes)
+        self.threads = threads or default_process_threads(self.processes)
+        self._models: list[tuple] = []
+        self._users = 0
+        self._pool: ProcessPoolExecutor | None = None
+        self._served = False
+        self.given_up = False
+
+    def add(self, model: tuple) -> None:
+        """A model's tokenizer (path, max_tokens, eos_id) will send its slices here."""
+        if model not in self._models:
+            self._models.append(model)
+        self._users += 1
+
+    def start(self) -> None:
+        """Start the workers now (a no-op once started or given up)."""
+        if self._pool is None and not self.given_up:
+            self._pool = self._started()
+
+    def _started(self) -> ProcessPoolExecutor:
+        pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_start_worker, initargs=(self.threads, tuple(self._models)))
+        for _ in range(self.processes):
+            pool.submit(len, "")
+        self._served = False
+        return pool
+
+    @property
+    def live(self) -> int:
+        """Workers that take bulk requests now (0: given up)."""
+        return 0 if self.given_up else self.processes
+
+    async def ids(self, model: tuple, texts: list[str], how: str) -> tuple[list[list[int]] | None, str]:
+        """`model`'s ids of `texts` from a worker, and what happened to the pool: "" when the
+        slice was served; else no ids and "died" (a new pool took over), "failed" (the pool never
+        served and is given up) or "gone" (given up before)."""
+        self.start()
+        pool = self._pool
+        if pool is None:
+            return None, "gone"
+        try:
+            packed = await asyncio.get_running_loop().run_in_executor(pool, _worker_ids, model, texts, how)
+        except BrokenProcessPool:
+            if self._pool is not pool:  # another slice has dealt with this pool
+                return None, "died"
+            if self._served:
+                log.warning("a tokenizer worker process died; starting new ones")
+                self._pool = self._started()
+                return None, "restarted"
+            log.error("tokenizer worker processes failed before serving; tokenizing on threads "
+                      "(FERN_TOKENIZER_PROCESSES=0 skips them)")
+            self._pool, self.given_up = None, True
+            return None, "failed"
+        if self._pool is pool:
+            self._served = True
+        return _unpacked(packed), ""
+
+    def remove(self) -> None:
+        """A model's tokenizer is done with the processes; the last one stops them."""
+        self._users -= 1
+        if self._users <= 0 and self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 def _unpacked(packed: tuple[bytes, bytes]) -> list[list[int]]:
@@ -407,7 +500,7 @@ class TextTokenizer:
 
     def __init__(self, tokenizer_path: str | Path, max_tokens: int, *, eos_id: int | None = None,
                  workers: int | None = None, slice_texts: int = SLICE_TEXTS,
-                 memo_chunks: int = MEMO_CHUNKS, processes: int | None = None,
+                 memo_chunks: int = MEMO_CHUNKS, processes: int | TokenizerProcesses | None = None,
                  process_threads: int | None = None, process_slice_chars: int = PROCESS_SLICE_CHARS) -> None:
         self.max_tokens = int(max_tokens)
         if self.max_tokens < 2:
@@ -438,24 +531,21 @@ class TextTokenizer:
         self.workers = workers or default_workers()
         self._pool = ThreadPoolExecutor(self.workers,
                                         thread_name_prefix="fern-tokenize")
-        self.processes = default_processes() if processes is None else int(processes)
+        # Worker processes for bulk requests: a sidecar's shared ones, or this tokenizer's own
+        # (`processes` of them, default_processes when None; 0: none).
+        if not isinstance(processes, TokenizerProcesses):
+            count = default_processes() if processes is None else int(processes)
+            processes = TokenizerProcesses(count, process_threads) if count > 0 else None
+            if processes is not None:
+                processes.start()
+        self._processes = processes
+        self._model = (str(tokenizer_path), self.max_tokens, eos_id)
+        if processes is not None:
+            processes.add(self._model)
         # Counters for /metrics: slices the worker processes tokenized, slices redone on the
         # threads because their worker died, and pools started anew after such a death.
         self.process_slices = self.process_failures = self.process_restarts = 0
         self.process_slice_chars = int(process_slice_chars)
-        self._worker_args = (str(tokenizer_path), self.max_tokens, eos_id,
-                             process_threads or default_process_threads(self.processes))
-        self._procs = self._start_processes() if self.processes > 0 else None
-
-    def _start_processes(self) -> ProcessPoolExecutor:
-        # spawn, not fork: the parent holds CUDA and threads. The workers start now, in the
-        # background, so that the first bulk request does not wait for them.
-        pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_start_worker, initargs=self._worker_args)
-        for _ in range(self.processes):
-            pool.submit(len, "")
-        self._procs_served = False
-        return pool
 
     def _batch(self, tokenizer: Tokenizer, twin: _AsciiTwin | None, texts: list[str],
                special: bool) -> list[list[int]]:
@@ -481,7 +571,7 @@ class TextTokenizer:
 
     @classmethod
     def for_spec(cls, spec: ModelSpec, workers: int | None = None,
-                 processes: int | None = None) -> "TextTokenizer":
+                 processes: int | TokenizerProcesses | None = None) -> "TextTokenizer":
         """The tokenizer of a core_engine ModelSpec (EOS appended when `spec.append_eos`)."""
         return cls(spec.tokenizer_path, spec.max_tokens,
                    eos_id=spec.eos_token_id if spec.append_eos else None, workers=workers,
@@ -538,16 +628,21 @@ class TextTokenizer:
         return await self._run_slices(texts, "plain", "texts", 0)
 
     @property
+    def processes(self) -> int:
+        """The worker processes this tokenizer's bulk requests go to (shared with other models)."""
+        return self._processes.processes if self._processes is not None else 0
+
+    @property
     def live_processes(self) -> int:
         """Worker processes that take bulk requests now (0: none configured, or given up)."""
-        return self.processes if self._procs is not None else 0
+        return self._processes.live if self._processes is not None else 0
 
     @staticmethod
     def _small(texts: Sequence[str]) -> bool:
         return len(texts) <= INLINE_TEXTS and sum(len(t) for t in texts) <= INLINE_CHARS
 
     async def _run_slices(self, texts: Sequence[str], how: str, field: str, offset: int) -> list[list[int]]:
-        procs = self._procs if self._procs is not None and sum(map(len, texts)) >= PROCESS_CHARS else None
+        procs = self._processes if self.live_processes and sum(map(len, texts)) >= PROCESS_CHARS else None
         starts = self._process_cuts(texts) if procs is not None else range(0, len(texts), self.slice_texts)
         ends = [*starts[1:], len(texts)]
         slices = [list(texts[a:b]) for a, b in zip(starts, ends)]
@@ -570,30 +665,17 @@ class TextTokenizer:
                 chars = 0
         return cuts
 
-    async def _slice(self, procs: ProcessPoolExecutor | None, texts: list[str], how: str) -> list[list[int]]:
-        loop = asyncio.get_running_loop()
+    async def _slice(self, procs: TokenizerProcesses | None, texts: list[str], how: str) -> list[list[int]]:
         if procs is not None:
-            try:
-                seqs = _unpacked(await loop.run_in_executor(procs, _worker_ids, texts, how))
-                self._procs_served = True
+            seqs, fate = await procs.ids(self._model, texts, how)
+            if seqs is not None:
                 self.process_slices += 1
                 return seqs
-            except BrokenProcessPool:
-                self.process_failures += 1
-                # A worker died: this slice is redone on the threads, so no accepted text is lost.
-                # After a pool that served (a worker killed, out of memory) a new one takes over;
-                # one that never did (workers that cannot start: a main module that starts Fern
-                # again when spawned) is not restarted.
-                if self._procs is procs:
-                    if self._procs_served:
-                        log.warning("a tokenizer worker process died; starting new ones")
-                        self._procs = self._start_processes()
-                        self.process_restarts += 1
-                    else:
-                        log.error("tokenizer worker processes failed before serving; tokenizing "
-                                  "on threads (FERN_TOKENIZER_PROCESSES=0 skips them)")
-                        self._procs = None
-        return await loop.run_in_executor(self._pool, self._ids_of, texts, how)
+            # A worker died, or the pool had been given up: this slice is redone on the threads,
+            # so no accepted text is lost.
+            self.process_failures += fate != "gone"
+            self.process_restarts += fate == "restarted"
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._ids_of, texts, how)
 
     def truncate_ids(self, ids: Sequence[int]) -> list[int]:
         """Cut pre-tokenized ids to max_tokens at the end, keeping a trailing special token."""
@@ -606,5 +688,6 @@ class TextTokenizer:
     def close(self) -> None:
         """Stop the worker threads and processes (pending slices finish first)."""
         self._pool.shutdown(wait=True)
-        if self._procs is not None:
-            self._procs.shutdown(wait=True)
+        if self._processes is not None:
+            self._processes.remove()
+            self._processes = None

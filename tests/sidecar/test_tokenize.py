@@ -490,12 +490,12 @@ def test_a_killed_worker_process_loses_no_text_and_is_replaced(tok, proc_tok, ca
     texts = _bulk(["some words here and there"] * 50)
     expected = tok.encode(texts)
     assert asyncio.run(proc_tok.encode_async(texts)) == expected  # the workers have served
-    broken = proc_tok._procs
+    broken = proc_tok._processes._pool
     for pid in list(broken._processes):
         os.kill(pid, signal.SIGKILL)
     with caplog.at_level("WARNING", logger="sidecar.tokenize"):
         assert asyncio.run(proc_tok.encode_async(texts)) == expected  # redone on the threads
-    assert proc_tok._procs is not broken and "died" in caplog.text
+    assert proc_tok._processes._pool is not broken and "died" in caplog.text
     assert proc_tok.process_restarts == 1 and proc_tok.process_failures >= 1
     assert proc_tok.live_processes == 2
     served = proc_tok.process_slices
@@ -504,19 +504,48 @@ def test_a_killed_worker_process_loses_no_text_and_is_replaced(tok, proc_tok, ca
 
 
 def test_worker_processes_that_cannot_start_leave_the_threads_tokenizing(spec, tok, caplog):
-    t = TextTokenizer.for_spec(spec, workers=1, processes=0)
+    from sidecar.tokenize import TokenizerProcesses
+
+    procs = TokenizerProcesses(1)
+    procs.add(("/nonexistent/tokenizer.json", 10, None))  # every worker fails as it starts
+    t = TextTokenizer.for_spec(spec, workers=1, processes=procs)
     try:
-        t.processes = 1
-        t._worker_args = ("/nonexistent/tokenizer.json", *t._worker_args[1:])
-        t._procs = t._start_processes()
         texts = _bulk(["some words here and there"] * 50)
         with caplog.at_level("ERROR", logger="sidecar.tokenize"):
             for _ in range(2):
                 assert asyncio.run(t.encode_async(texts)) == tok.encode(texts)
-        assert t._procs is None and caplog.text.count("failed before serving") == 1
+        assert procs.given_up and procs._pool is None and caplog.text.count("failed before serving") == 1
         assert t.live_processes == 0 and t.process_restarts == 0 and t.process_slices == 0
     finally:
         t.close()
+
+
+def test_models_share_one_set_of_worker_processes(spec):
+    # Two models' tokenizers (another limit, and EOS appended) on one worker: each gets its own
+    # ids from it, including a model added after the worker started; the worker stops with the last.
+    from sidecar.tokenize import TokenizerProcesses
+
+    procs = TokenizerProcesses(1)
+    first = TextTokenizer.for_spec(spec, workers=1, processes=procs)
+    procs.start()
+    second = TextTokenizer(spec.tokenizer_path, 32, eos_id=102, workers=1, processes=procs)
+    alone = [TextTokenizer.for_spec(spec, workers=1, processes=0),
+             TextTokenizer(spec.tokenizer_path, 32, eos_id=102, workers=1, processes=0)]
+    try:
+        texts = _bulk(_differential_texts(5)[:200])
+        for t, threads in zip((first, second), alone):
+            assert asyncio.run(t.encode_async(texts)) == threads.encode(texts)
+            assert t.process_slices > 0 and t.live_processes == 1
+        assert len(procs._pool._processes) == 1
+        pool = procs._pool
+        first.close()
+        assert procs._pool is pool  # still serving the second model
+        assert asyncio.run(second.encode_async(texts)) == alone[1].encode(texts)
+        second.close()
+        assert procs._pool is None
+    finally:
+        for t in (first, second, *alone):
+            t.close()
 
 
 def test_worker_processes_by_core_count():
@@ -525,3 +554,22 @@ def test_worker_processes_by_core_count():
     assert [default_processes(c) for c in (1, 2, 4, 7, 8, 16, 64)] == [0, 0, 0, 0, 2, 4, 16]
     assert default_process_threads(4, 16) == 3 and default_process_threads(2, 8) == 3
     assert default_process_threads(16, 16) == 1
+
+
+def test_a_registry_of_several_models_runs_one_set_of_worker_processes(spec):
+    # `fern serve --tokenizer-processes 1` with two models: one worker between them, started
+    # once both are loaded, and stopped when the registry closes.
+    from sidecar.registry import ModelSource, Registry
+
+    reg = Registry.load([ModelSource(None), ModelSource(spec.path, "again")], device="cpu",
+                        tokenizer_workers=1, tokenizer_processes=1)
+    try:
+        first, second = (served.tokenizer for served in reg)
+        assert first._processes is second._processes and first.processes == second.processes == 1
+        procs = first._processes
+        assert procs._pool is not None and procs._models == [first._model]  # the same tokenizer twice
+        texts = _bulk(["some words here and there"] * 50)
+        assert asyncio.run(second.encode_async(texts)) == first.encode(texts) and second.process_slices > 0
+    finally:
+        reg.close()
+    assert procs._pool is None
