@@ -257,9 +257,10 @@ class TokenizerProcesses:
         return 0 if self.given_up else self.processes
 
     async def ids(self, model: tuple, texts: list[str], how: str) -> tuple[list[list[int]] | None, str]:
-        """`model`'s ids of `texts` from a worker, and what happened to the pool: "" when the
-        slice was served; else no ids and "died" (a new pool took over), "failed" (the pool never
-        served and is given up) or "gone" (given up before)."""
+        """`model`'s ids of `texts` from a worker, and "" when the slice was served; else no ids
+        and what happened to the pool: "restarted" (a worker died; a new pool takes over), "died"
+        (the same, seen by another slice first), "failed" (the pool never served and is given
+        up) or "gone" (given up before)."""
         self.start()
         pool = self._pool
         if pool is None:
