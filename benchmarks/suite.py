@@ -650,11 +650,12 @@ def _compare_workload(ctx: Context, engine, gateway: _Gateway, reference: _Gatew
     """One workload of the compare part: tokenizer alone, Fern text to vectors, Fern engine only, ST.
 
     Each timed pass gets texts that no earlier pass tokenized: another seed's draw of the same
-    workload. A tokenizer worker's chunk memo then meets each pass's texts as it would new
-    ingest traffic, knowing the common words from what it saw before and learning the rare ones,
-    instead of a pass it has learned whole. The tokenizer-alone passes come first, on their own
-    sets; the engine's graphs are captured beforehand from ids that `reference` (a tokenizer
-    with no memo in use: no worker processes, and every chunk a bulk request) gives."""
+    workload. Anything that remembers what it tokenized (the query path's chunk memo; stop 18
+    tried one in the worker processes) then meets each pass's texts as it would new ingest
+    traffic, knowing the common words and not the rare ones, instead of a pass it has learned
+    whole. The tokenizer-alone passes come first, on their own sets; the engine's graphs are
+    captured beforehand from ids that `reference` gives (no worker processes, and every chunk a
+    bulk request, so no memo), which leaves the gateway's tokenizer unaware of the timed sets."""
     plan = ctx.plan
     high = min(wl.high, engine.spec.max_tokens)
     shape = Workload(wl.name, min(wl.low, high), high, wl.count)
