@@ -68,6 +68,7 @@ from concurrent.futures.process import BrokenProcessPool
 from itertools import chain, compress, count
 from operator import gt
 from pathlib import Path
+from typing import NamedTuple
 
 from tokenizers import Tokenizer
 
@@ -174,12 +175,20 @@ def _ids(tokenizer: Tokenizer, texts: list[str], special: bool) -> list[list[int
     return [e.ids for e in encode(texts, add_special_tokens=special)]
 
 
+class WorkerModel(NamedTuple):
+    """What a worker process needs to build a model's TextTokenizer (and the key it keeps it by)."""
+
+    tokenizer_path: str
+    max_tokens: int
+    eos_id: int | None
+
+
 # In a tokenizer worker process: a TextTokenizer per model it serves (no threads, no memo, no
-# processes), keyed by (tokenizer path, max_tokens, eos_id).
-_WORKER_TOKENIZERS: dict[tuple, "TextTokenizer"] = {}
+# processes).
+_WORKER_TOKENIZERS: dict[WorkerModel, "TextTokenizer"] = {}
 
 
-def _start_worker(rust_threads: int, models: tuple[tuple, ...]) -> None:
+def _start_worker(rust_threads: int, models: tuple[WorkerModel, ...]) -> None:
     # Rust's thread pool starts at its first parallel call and reads RAYON_NUM_THREADS then;
     # _RUST_THREADS sizes the twin's joined inputs to that pool. The models known when the pool
     # starts are loaded now; one added later is loaded by its first slice.
@@ -190,16 +199,16 @@ def _start_worker(rust_threads: int, models: tuple[tuple, ...]) -> None:
         _worker_tokenizer(model)
 
 
-def _worker_tokenizer(model: tuple) -> "TextTokenizer":
+def _worker_tokenizer(model: WorkerModel) -> "TextTokenizer":
     tok = _WORKER_TOKENIZERS.get(model)
     if tok is None:
-        path, max_tokens, eos_id = model
-        tok = _WORKER_TOKENIZERS[model] = TextTokenizer(path, max_tokens, eos_id=eos_id, workers=1,
-                                                        memo_chunks=0, processes=0)
+        tok = _WORKER_TOKENIZERS[model] = TextTokenizer(model.tokenizer_path, model.max_tokens,
+                                                        eos_id=model.eos_id, workers=1, memo_chunks=0,
+                                                        processes=0)
     return tok
 
 
-def _worker_ids(model: tuple, texts: list[str], how: str) -> tuple[bytes, bytes]:
+def _worker_ids(model: WorkerModel, texts: list[str], how: str) -> tuple[bytes, bytes]:
     """`TextTokenizer._ids_of` in a worker process, packed: every id as int32, then each text's count."""
     seqs = _worker_tokenizer(model)._ids_of(texts, how)
     flat = array("i")
@@ -226,14 +235,14 @@ class TokenizerProcesses:
             raise ValueError(f"processes must be at least 1, got {processes}")
         self.processes = int(processes)
         self.threads = threads or default_process_threads(self.processes)
-        self._models: list[tuple] = []
+        self._models: list[WorkerModel] = []
         self._users = 0
         self._pool: ProcessPoolExecutor | None = None
         self._served = False
         self.given_up = False
 
-    def add(self, model: tuple) -> None:
-        """A model's tokenizer (path, max_tokens, eos_id) will send its slices here."""
+    def add(self, model: WorkerModel) -> None:
+        """A model's tokenizer will send its slices here."""
         if model not in self._models:
             self._models.append(model)
         self._users += 1
@@ -256,7 +265,7 @@ class TokenizerProcesses:
         """Workers that take bulk requests now (0: given up)."""
         return 0 if self.given_up else self.processes
 
-    async def ids(self, model: tuple, texts: list[str], how: str) -> tuple[list[list[int]] | None, str]:
+    async def ids(self, model: WorkerModel, texts: list[str], how: str) -> tuple[list[list[int]] | None, str]:
         """`model`'s ids of `texts` from a worker, and "" when the slice was served; else no ids
         and what happened to the pool: "restarted" (a worker died; a new pool takes over), "died"
         (the same, seen by another slice first), "failed" (the pool never served and is given
@@ -540,7 +549,7 @@ class TextTokenizer:
             if processes is not None:
                 processes.start()
         self._processes = processes
-        self._model = (str(tokenizer_path), self.max_tokens, eos_id)
+        self._model = WorkerModel(str(tokenizer_path), self.max_tokens, eos_id)
         if processes is not None:
             processes.add(self._model)
         # Counters for /metrics: slices the worker processes tokenized, slices redone on the

@@ -504,10 +504,10 @@ def test_a_killed_worker_process_loses_no_text_and_is_replaced(tok, proc_tok, ca
 
 
 def test_worker_processes_that_cannot_start_leave_the_threads_tokenizing(spec, tok, caplog):
-    from sidecar.tokenize import TokenizerProcesses
+    from sidecar.tokenize import TokenizerProcesses, WorkerModel
 
     procs = TokenizerProcesses(1)
-    procs.add(("/nonexistent/tokenizer.json", 10, None))  # every worker fails as it starts
+    procs.add(WorkerModel("/nonexistent/tokenizer.json", 10, None))  # every worker fails as it starts
     t = TextTokenizer.for_spec(spec, workers=1, processes=procs)
     try:
         texts = _bulk(["some words here and there"] * 50)
