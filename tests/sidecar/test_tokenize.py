@@ -285,7 +285,7 @@ def test_query_sized_requests_take_the_chunk_memo_and_get_the_shipped_ids(spec, 
     assert memo_tok.encode(mixed) == [_cut(e.ids, spec.max_tokens) for e in reference.encode_batch(mixed)]
 
 
-def test_a_warm_query_needs_no_rust_call(spec, memo_tok, monkeypatch):
+def test_a_query_needs_no_rust_call_and_a_warm_one_no_wordpiece(spec, memo_tok, monkeypatch):
     from tokenizers import Tokenizer
 
     import sidecar.tokenize
@@ -295,11 +295,42 @@ def test_a_warm_query_needs_no_rust_call(spec, memo_tok, monkeypatch):
     text = "Which vector database fits a small team, and why?"
     memo_tok.encode([text])
     monkeypatch.setattr(sidecar.tokenize._AsciiTwin, "encode", _rust_only)
-    monkeypatch.setattr(memo_tok._chunks, "_tokenizer", None)  # any miss would now fail
-    for seen in (text, "WHICH team, and why?\n", "fits fits a database"):
+    monkeypatch.setattr(memo_tok._chunks, "_tokenizer", None)  # any Rust call would now fail
+    unseen = "Qwertyuiop zxcvbnm, 31415 (unaffable)!"
+    assert memo_tok.encode([unseen]) == [reference.encode(unseen).ids]  # its chunks through _WordPiece
+    monkeypatch.setattr(memo_tok._chunks, "_wordpiece", None)  # now any miss would fail
+    for seen in (text, "WHICH team, and why?\n", "fits fits a database", unseen):
         assert memo_tok.encode([seen]) == [reference.encode(seen).ids]
     with pytest.raises(AttributeError):
-        memo_tok.encode(["an unseen word"])
+        memo_tok.encode(["an unheard-of word"])
+
+
+def test_wordpiece_in_python_gives_the_rust_ids_of_every_chunk(memo_tok):
+    # Chunks of every shape the memo can meet: vocabulary words and pieces glued together,
+    # random letters and digits (pieces down to single characters), punctuation runs, words
+    # at, under and over the 100-character limit, and words with a piece no vocabulary holds.
+    import random
+    import string
+
+    rng = random.Random(3)
+    wordpiece, rust = memo_tok._chunks._wordpiece, memo_tok._chunks._tokenizer
+    vocab = list(wordpiece._vocab)
+    chunks = ["x" * 99, "y" * 100, "z" * 101, "a" * 100 + "!" + "b" * 101, "!!!", "3.14", "e-mail:",
+              "don't", "[unk]", "##ing", "#", "~`^", "\\"]
+    for _ in range(4000):
+        kind = rng.random()
+        if kind < 0.4:
+            chunk = "".join(rng.choice(vocab).replace("##", "") for _ in range(rng.randint(1, 4)))
+        elif kind < 0.7:
+            chunk = "".join(rng.choice(string.ascii_lowercase + string.digits) for _ in range(rng.randint(1, 30)))
+        else:
+            chunk = "".join(rng.choice(string.printable[:94]) for _ in range(rng.randint(1, 40)))
+        chunk = "".join(chunk.lower().split())
+        if chunk and memo_tok._full_twin.fits(chunk):
+            chunks.append(chunk)
+    assert len(chunks) > 3000
+    for chunk in chunks:
+        assert wordpiece.ids(chunk) == tuple(rust.encode(chunk, add_special_tokens=False).ids), chunk
 
 
 def test_bulk_requests_stay_on_rust(memo_tok):
@@ -391,13 +422,17 @@ def test_tokenizers_whose_template_is_not_fixed_tokens_around_the_text_get_no_me
     assert _ChunkIds.of(_AsciiTwin.of(unpadded)) is not None
 
 
+@pytest.mark.parametrize("wordpiece", [True, False], ids=["wordpiece", "other-model"])
 def test_a_mostly_new_text_is_tokenized_whole_and_teaches_the_memo_a_few_chunks_a_call(spec, memo_tok,
-                                                                                        monkeypatch):
+                                                                                        monkeypatch, wordpiece):
+    # The same for a WordPiece model (whose few chunks go through Python) and another model.
     from tokenizers import Tokenizer
 
     import sidecar.tokenize
     from sidecar.tokenize import MEMO_LEARN_CHUNKS
 
+    if not wordpiece:
+        monkeypatch.setattr(memo_tok._chunks, "_wordpiece", None)
     reference = Tokenizer.from_file(str(spec.tokenizer_path))
     reference.no_padding()
     reference.enable_truncation(spec.max_tokens)
@@ -410,6 +445,7 @@ def test_a_mostly_new_text_is_tokenized_whole_and_teaches_the_memo_a_few_chunks_
     # 16 a call while most are new, then the rest at once.
     assert sizes[:3] == [MEMO_LEARN_CHUNKS, 2 * MEMO_LEARN_CHUNKS, 3 * MEMO_LEARN_CHUNKS] and sizes[3] == 67
     monkeypatch.setattr(memo_tok._chunks, "_tokenizer", None)  # now all of it comes from the memo
+    monkeypatch.setattr(memo_tok._chunks, "_wordpiece", None)
     monkeypatch.setattr(sidecar.tokenize._AsciiTwin, "encode", _rust_only)
     assert memo_tok.encode([text]) == expected
 
