@@ -597,17 +597,20 @@ class TextTokenizer:
         self.workers = workers or default_workers()
         self._pool = ThreadPoolExecutor(self.workers,
                                         thread_name_prefix="fern-tokenize")
-        # Worker processes for bulk requests: a sidecar's shared ones, or this tokenizer's own
-        # (`processes` of them, default_processes when None; 0: none).
-        if not isinstance(processes, TokenizerProcesses):
+        # Worker processes for bulk requests: a sidecar's shared ones (its registry starts them
+        # once every model is added), or this tokenizer's own (`processes` of them,
+        # default_processes when None; 0: none), started here, after this model is added, so
+        # that each worker loads its tokenizer as it starts rather than on its first slice.
+        own = not isinstance(processes, TokenizerProcesses)
+        if own:
             count = default_processes() if processes is None else int(processes)
             processes = TokenizerProcesses(count, process_threads) if count > 0 else None
-            if processes is not None:
-                processes.start()
         self._processes = processes
         self._model = WorkerModel(str(tokenizer_path), self.max_tokens, eos_id)
         if processes is not None:
             processes.add(self._model)
+            if own:
+                processes.start()
         # Counters for /metrics: slices the worker processes tokenized, slices redone on the
         # threads because their worker died, and pools started anew after such a death.
         self.process_slices = self.process_failures = self.process_restarts = 0

@@ -483,6 +483,7 @@ def test_worker_processes_give_the_threads_ids(spec, tok, proc_tok):
     # The same ids as the threads give, truncated, whole and plain, over several slices of
     # ASCII, non-ASCII and over-long texts; and the processes did the work.
     texts = _bulk(_differential_texts(3))
+    assert proc_tok._processes._pool._initargs[1] == (proc_tok._model,)  # loaded as the workers start
     served = proc_tok.process_slices
     assert asyncio.run(proc_tok.encode_async(texts)) == asyncio.run(tok.encode_async(texts))
     assert proc_tok.process_slices > served
@@ -604,6 +605,7 @@ def test_a_registry_of_several_models_runs_one_set_of_worker_processes(spec):
         assert first._processes is second._processes and first.processes == second.processes == 1
         procs = first._processes
         assert procs._pool is not None and procs._models == [first._model]  # the same tokenizer twice
+        assert procs._pool._initargs[1] == (first._model,)  # loaded as the workers start
         texts = _bulk(["some words here and there"] * 50)
         assert asyncio.run(second.encode_async(texts)) == first.encode(texts) and second.process_slices > 0
     finally:
