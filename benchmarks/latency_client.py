@@ -1,8 +1,9 @@
 """One client process of the suite's end-to-end latency: sequential batch-1 `FernClient.embed` calls.
 
 `python -m benchmarks.latency_client TARGET --iters N --warmup W < texts.json` reads a JSON
-list of texts, embeds them one per call in turn (W untimed calls first) and prints one
-JSON line: the percentiles in milliseconds. The suite runs it as a subprocess, since a
+list of texts, embeds them one per call in turn (W untimed calls on the first W texts, then
+the timed calls on the texts after them, so that with W + N texts no timed call repeats a
+text) and prints one JSON line: the percentiles in milliseconds. The suite runs it as a subprocess, since a
 user's client is a process of its own (not the benchmark's, which holds torch, a CUDA
 context and threads), and once per gRPC client setting, which gRPC reads only at start.
 """
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.warmup):
             client.embed([texts[i % len(texts)]])
         samples = []
-        for i in range(args.iters):
+        for i in range(args.warmup, args.warmup + args.iters):
             start = time.perf_counter()
             client.embed([texts[i % len(texts)]])
             samples.append((time.perf_counter() - start) * 1e3)
