@@ -234,11 +234,13 @@ class Engine:
         self.compiled = bool(compile)
         self.attention = make_attention(attention, self.device, self.spec, self.dtype, max_tokens=step_bucket,
                                         compiled=self.compiled)
+        attended = time.perf_counter()
         self.model = build_model(self.spec, self.device, self.dtype, self.attention)
         self.model.eval()
         built = time.perf_counter()
         self.compile_seconds = 0.0
         choose_seconds = 0.0
+        # Wrapping the model imports torch._inductor (seconds on a slow host): counted as compile time.
         self._forward_model = torch.compile(self.model, dynamic=True, backend=os.environ.get(
             "FERN_COMPILE_BACKEND", "inductor")) if self.compiled else self.model
         # Bucket padding exists for CUDA graphs; on the CPU it only costs time, but it can be
@@ -254,11 +256,13 @@ class Engine:
             if self.compiled:
                 try:
                     self._compile_warmup()
+                    log.info("compiled %s in %.1f s", self.spec.name, time.perf_counter() - built)
                 except Exception as exc:  # noqa: BLE001 - any compiler failure: serve uncompiled
                     log.warning("torch.compile failed for %s (%s: %s); running uncompiled",
                                 self.spec.name, type(exc).__name__, exc)
                     self.compiled = False
                     self._forward_model = self.model
+                self.compile_seconds = time.perf_counter() - built
             chosen = time.perf_counter()
             self.attention.choose(self)  # measured choice when attention="auto"; no-op when forced
             choose_seconds = time.perf_counter() - chosen
@@ -269,9 +273,12 @@ class Engine:
         for length, count in self.prewarm:
             self.warmup(length, count)
         self.load_seconds = time.perf_counter() - started
-        # Where start-up went: spec, device and weights (the first CUDA use initializes the
-        # context), torch.compile's warm-up, the measured attention choice, pre-warmed graphs.
-        self.startup_seconds = {"build": round(built - started, 3), "compile": round(self.compile_seconds, 3),
+        # Where start-up went: the spec, the device and the attention backends (importing FlashInfer,
+        # and torch._dynamo for a compiled model); the weights (the first CUDA use initializes the
+        # context); torch.compile (importing it, and its warm-up); the measured attention choice;
+        # pre-warmed graphs.
+        self.startup_seconds = {"attention": round(attended - started, 3), "weights": round(built - attended, 3),
+                                "compile": round(self.compile_seconds, 3),
                                 "choose_attention": round(choose_seconds, 3),
                                 "prewarm": round(time.perf_counter() - prewarmed, 3)}
         log.info("%s ready on %s in %.1f s (%s)", self.spec.name, self.device, self.load_seconds,
@@ -393,7 +400,6 @@ class Engine:
 
     def _compile_warmup(self) -> None:
         """Compile before serving: two eager passes of different shapes settle the dynamic-shape code."""
-        started = time.perf_counter()
         longest = min(self.spec.max_tokens, 256)
         for seqs in ([[0] * 8], [[0] * longest] * 3):
             batch = self.prepare(seqs)
@@ -402,8 +408,6 @@ class Engine:
                     self.attention.plan(batch.key, batch.cu_seqlens_cpu, for_graph=False, backend=name)
                     self._forward_on(batch.packed.to(self.device), batch.key, batch.cu_seqlens_cpu)
         torch.cuda.synchronize(self.device)
-        self.compile_seconds = time.perf_counter() - started
-        log.info("compiled %s in %.1f s", self.spec.name, self.compile_seconds)
 
     @property
     def counters(self) -> GraphCounters:
