@@ -39,8 +39,6 @@ PUBLISHED = {
                   "goal_e2e_p50_ms": 1.6, "goal_embeddings_per_s": 1150.0},
 }
 GOAL_SPEEDUP = {"minilm": 10.0, "bge-base": 4.5}  # passages, Fern over sentence-transformers
-# Batch-1 latency: texts tokenized (or sent) untimed before the timed ones, each of which is new.
-WARM_TEXTS = 20
 
 
 @dataclass(frozen=True)
@@ -70,6 +68,9 @@ class Plan:
     latency_lengths: tuple[int, ...]
     latency_iters: int
     e2e_iters: int
+    # Batch-1 latency: queries tokenized (or sent) untimed before the timed ones, each of which
+    # is a text not seen before: the memo and the tokenizers' own caches as serving fills them.
+    warm_queries: int
     throughput_models: tuple[str, ...]
     throughput_text_tokens: int
     texts_per_request: tuple[int, ...]
@@ -90,6 +91,7 @@ PLANS = {
         latency_lengths=(16, 32, 64, 128, 256, 512),
         latency_iters=200,
         e2e_iters=500,
+        warm_queries=1000,
         throughput_models=("bge-m3", "pplx-0.6b"),
         throughput_text_tokens=512,
         texts_per_request=(1, 10, 100, 200),
@@ -109,6 +111,7 @@ PLANS = {
         latency_lengths=(16, 64, 128, 256),
         latency_iters=10,
         e2e_iters=10,
+        warm_queries=20,
         throughput_models=("minilm",),
         throughput_text_tokens=128,
         texts_per_request=(1, 10, 32),
@@ -312,18 +315,18 @@ def part_latency(ctx: Context) -> dict[str, Any]:
         for length in plan.latency_lengths:
             if length > engine.spec.max_tokens:
                 continue
-            # A text no call has tokenized before for every timed call, after WARM_TEXTS others
-            # have filled the query memo as earlier queries would have.
-            texts = make_texts(tok, [length] * (WARM_TEXTS + plan.latency_iters), seed=length,
+            # A text no call has tokenized before for every timed call, after warm_queries others.
+            warm = plan.warm_queries
+            texts = make_texts(tok, [length] * (warm + plan.latency_iters), seed=length,
                                vocabulary=ctx.options.texts)
             ids = [e.ids for e in tok.encode_batch_fast(texts)]
             for i in range(3):  # eager, capture, replay
                 engine.embed([ids[i]])
-            for text in texts[:WARM_TEXTS]:
+            for text in texts[:warm]:
                 fern_tok.encode([text])
             engine_ms, text_ms = [], []
             with _settled_heap():
-                for i in range(WARM_TEXTS, WARM_TEXTS + plan.latency_iters):
+                for i in range(warm, warm + plan.latency_iters):
                     start = time.perf_counter()
                     engine.embed([ids[i]])
                     engine_ms.append((time.perf_counter() - start) * 1e3)
@@ -404,7 +407,7 @@ def _latency_e2e(ctx: Context, name: str, tok: Tokenizer) -> dict[str, Any]:
         for length in (128,) if ctx.plan.latency_lengths else ():
             # Each client setting sends its own texts, none of them sent before.
             rows = {setting: _latency_client(served.target, make_texts(
-                        tok, [length] * (WARM_TEXTS + ctx.plan.e2e_iters), seed=length * 10 + k,
+                        tok, [length] * (ctx.plan.warm_queries + ctx.plan.e2e_iters), seed=length * 10 + k,
                         vocabulary=ctx.options.texts), ctx.plan.e2e_iters, env)
                     for k, (setting, env) in enumerate(CLIENT_SETTINGS.items())}
             result[str(length)] = rows["default"]
