@@ -12,7 +12,7 @@ from benchmarks.startup import main
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks how a phase that needs CUDA fails without it")
-def test_startup_times_each_phase_in_a_fresh_process_and_writes_every_round(tmp_path: Path) -> None:
+def test_startup_times_each_phase_in_a_fresh_process(tmp_path: Path) -> None:
     from core_engine.loader import default_model_dir
 
     out = tmp_path / "startup.json"
