@@ -7,7 +7,6 @@ import json
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -369,7 +368,6 @@ def test_varlen_attention_calls_the_flash_op_directly_with_the_packed_metadata()
     # zero rng-state tensor on the device per call: a kernel per layer). Its arguments are the
     # packed layout's: cu_seqlens for both q and k, the graph key's max length, causal as the
     # model says, no dropout; grouped K/V heads go in as they are.
-    from core_engine.attention.base import AttentionMetadata
     from core_engine.attention.varlen import VarlenAttention
 
     calls = []
