@@ -30,7 +30,7 @@ from typing import Any
 from benchmarks.provenance import result_header
 
 # Each snippet prints one JSON line of seconds; `T0` is taken before its first import.
-_PRELUDE = "import time; T0 = time.perf_counter()\nimport json, sys\n"
+_PRELUDE = "import time; T0 = time.perf_counter()\nimport json\n"
 
 # Waits for the device's queued work (nothing to wait for on the CPU).
 _SYNC = "SYNC = __import__('torch').cuda.synchronize if DEVICE.startswith('cuda') else (lambda: None)\n"

@@ -256,13 +256,14 @@ class Engine:
             if self.compiled:
                 try:
                     self._compile_warmup()
-                    log.info("compiled %s in %.1f s", self.spec.name, time.perf_counter() - built)
                 except Exception as exc:  # noqa: BLE001 - any compiler failure: serve uncompiled
                     log.warning("torch.compile failed for %s (%s: %s); running uncompiled",
                                 self.spec.name, type(exc).__name__, exc)
                     self.compiled = False
                     self._forward_model = self.model
                 self.compile_seconds = time.perf_counter() - built
+                if self.compiled:
+                    log.info("compiled %s in %.1f s", self.spec.name, self.compile_seconds)
             chosen = time.perf_counter()
             self.attention.choose(self)  # measured choice when attention="auto"; no-op when forced
             choose_seconds = time.perf_counter() - chosen
