@@ -17,7 +17,7 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
         help="run the benchmark suite and write JSON + PNG results",
         description=(
             "Run Fern's benchmark suite. 'cpu' is a small version that finishes in about "
-            "two minutes on a laptop; 'gpu' is the full issue-3 suite (H200-sized)."
+            "two minutes on a laptop; 'gpu' is the full suite (H200-sized)."
         ),
     )
     parser.add_argument("--suite", choices=SUITES, default=os.environ.get("FERN_BENCH_SUITE", "cpu"),
@@ -45,7 +45,7 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
                              "with the same requests as the lazy one")
     parser.add_argument("--texts", choices=("zipf", "words"), default="zipf",
                         help="the texts' words: drawn by Zipf's law from the tokenizer's vocabulary with "
-                             "sentences and punctuation (default), or the 200-word list of results before stop 18")
+                             "sentences and punctuation (default), or an even draw from a 200-word list")
     parser.add_argument("--tag", default="",
                         help="suffix for the result file names, e.g. the machine")
     parser.set_defaults(func=run_from_args)

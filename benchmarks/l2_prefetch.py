@@ -2,7 +2,7 @@
 
 At batch 1 a projection reads its whole weight to do little arithmetic, and on an H200 every
 cuBLAS projection of a 128-token step takes 5–10 µs inside a CUDA graph whatever its size
-(`profile-h200-stop12-small.json`): the weights stream from HBM through few blocks. Those
+: the weights stream from HBM through few blocks. Those
 reads do not depend on the activations, so a second stream could read the next weights into
 L2 (50 MB on the H200) while the current projections run, and the projection would then read
 L2. This measures that before any engine change, on the BGE-M3 layer shapes:

@@ -12,7 +12,7 @@ the BATCH lane full of passages (64-256 tokens). Phases, interleaved over --roun
                would give them; skip with --no-fcfs-baseline)
 
 Writes a JSON file (command, machine, date, configuration, every phase) to
-benchmarks/results/. GPU goal (issue 4): online p99 <= 5 ms in `mixed` while batch
+benchmarks/results/. GPU goal: online p99 <= 5 ms in `mixed` while batch
 throughput stays >= 90 % of `batch_solo`.
 
     python benchmarks/mixed_lanes.py --device cpu            # this machine, ~2 minutes
@@ -389,7 +389,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="skip the phase where queries ride the BATCH lane")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None,
-                   help="JSON path (default benchmarks/results/mixed_lanes-<device>.json)")
+                   help="JSON path (default benchmarks/results/<machine>/mixed_lanes.json)")
     return p.parse_args(argv)
 
 
@@ -398,10 +398,10 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(main_async(args))
     if args.out is None:
         gpus = result["machine"].get("gpus")
-        tag = gpus[0].lower().replace(" ", "-") if gpus else "cpu"
+        machine = gpus[0].lower().replace("nvidia ", "").replace(" ", "-") if gpus else "cpu"
         if gpus and len(gpus) > 1:
-            tag += f"-x{len(gpus)}"
-        args.out = RESULTS / f"mixed_lanes-{tag}.json"
+            machine += f"-x{len(gpus)}"
+        args.out = RESULTS / machine / "mixed_lanes.json"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["summary"], indent=2))

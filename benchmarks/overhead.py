@@ -51,7 +51,7 @@ runs, no CPU forward pass evicting its caches), so changes to it can be compared
 machine. Only the engine stage is simulated; everything else is the real sidecar.
 
 The checkpoint wrappers cost well under a microsecond each (measured: `checkpoint_ns`).
-Results go to benchmarks/results/overhead-<device>.json with the command, machine and date.
+Results go to benchmarks/results/<device>/overhead.json with the command, machine and date.
 """
 
 from __future__ import annotations
@@ -595,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine-us", type=int, default=0,
                    help="stand-in forward pass ready this many us after step() (0: the real engine)")
     p.add_argument("--out", default=None,
-                   help="JSON path (default: benchmarks/results/overhead-<device type>.json)")
+                   help="JSON path (default: benchmarks/results/<device type>/overhead.json)")
     p.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
                    help="event loop of the sidecar and bare servers (uvloop: if installed)")
     p.add_argument("--server-grpc", default=GRPC_EXPERIMENTS,
@@ -619,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(serve(args))
         return 0
     if args.out is None:
-        args.out = f"benchmarks/results/overhead-{args.device.split(':')[0]}.json"
+        args.out = f"benchmarks/results/{args.device.split(':')[0]}/overhead.json"
     result = run(args)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: {"e2e_p50_us": v["e2e"]["p50_us"], "engine_p50_us": v["engine_here"]["p50_us"],

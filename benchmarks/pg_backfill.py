@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch intra-op threads, for the in-process engine and the sidecar "
                              "alike (0: torch's default). On a shared 2-core box 2 threads make "
                              "both swing 10x with other load; 1 keeps the comparison fair")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/pg_backfill-cpu2.json"))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu/pg_backfill.json"))
     args = parser.parse_args(argv)
     if args.threads:
         import os

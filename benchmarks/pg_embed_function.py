@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         "device": args.device,
         **results,
     }
-    where = "cuda" if report["machine"]["cuda"] else f"cpu{os.cpu_count()}"
-    out = args.out or Path(__file__).with_name("results") / f"pg_embed_function-{where}.json"
+    where = "cuda" if report["machine"]["cuda"] else "cpu"
+    out = args.out or Path(__file__).with_name("results") / where / "pg_embed_function.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["overhead_paired"], indent=2))

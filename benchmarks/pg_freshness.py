@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default=None, help="use a running sidecar at HOST:PORT")
     parser.add_argument("--poll-ms", type=float, default=1.0)
     parser.add_argument("--pause-ms", type=float, default=50.0, help="idle time between inserts")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/pg_freshness-cpu2.json"))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu/pg_freshness.json"))
     args = parser.parse_args(argv)
 
     import psycopg

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="torch threads, in-process engine and sidecar alike (default: cores)")
     parser.add_argument("--target", default=None, help="use a running sidecar at HOST:PORT")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/qdrant_ingest_cpu.json"))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu/qdrant_ingest.json"))
     args = parser.parse_args(argv)
     # SIGTERM (e.g. from `timeout`) unwinds through the finally below, which stops the sidecar.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

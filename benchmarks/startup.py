@@ -75,7 +75,7 @@ _SNIPPETS: dict[str, str] = {
 
 
 # Phases timed unless --only names others ("read: cpu-then" and "read: staged" are the
-# alternatives to the loader's read; stop 19 found reading is not where start-up goes).
+# alternatives to the loader's read, which is not where start-up goes).
 DEFAULT_PHASES = ["import torch", "import the engine", "import torch._dynamo", "import torch._inductor",
                   "import flashinfer", "cuda context", "read: loader", "engine"]
 

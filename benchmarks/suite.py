@@ -30,7 +30,7 @@ from sidecar.cli import GRPC_EXPERIMENTS
 
 log = logging.getLogger("fern.bench")
 
-# Published by Perplexity for their stack on one H200 (the figures issue 3 sets goals against).
+# Published by Perplexity for their stack on one H200 (the figures Fern measures itself against).
 PUBLISHED = {
     "bge-m3": {"e2e_p50_ms": 1.53, "e2e_p50_ms_alt": 1.67, "embeddings_per_s": 1499.0,
                "goal_e2e_p50_ms": 1.3, "goal_e2e_p50_ms_alt": 1.5, "goal_embeddings_per_s": 1900.0},
@@ -56,7 +56,7 @@ class BenchOptions:
     latency_lengths: tuple[int, ...] = ()
     compare_models: tuple[str, ...] = ()  # empty: the plan's
     capture_prewarm: str = ""  # non-empty: the capture part also loads a server started with --prewarm this
-    texts: str = "zipf"  # benchmarks/texts.py's vocabulary: "zipf", or "words" (before stop 18)
+    texts: str = "zipf"  # benchmarks/texts.py's vocabulary: "zipf", or "words" (a 200-word list)
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ def _settled_heap():
 
     A benchmark process holds torch, transformers, sentence-transformers and the models; a full
     collection walks all of it (~0.3-0.4 s on the H200 host), and one landing in a timed pass
-    was that pass's figure (stop 16: a text-to-vectors pass at 0.7 M tok/s among 2.4 M, and a
+    was that pass's figure (a text-to-vectors pass at 0.7 M tok/s among 2.4 M, and a
     tokenizer-only pass at 0.76 M among 3.5 M). The sidecar freezes its start-up heap, so such
     a stall is the harness's, not Fern's. Unfrozen on the way out, so the models can be freed.
     """
@@ -577,7 +577,7 @@ def _timed_passes(run: Callable[[], int], tokens: int, passes: int = 3) -> list[
 
     The compare part reports their median, for Fern and for sentence-transformers alike: a
     queries pass lasts ~0.2 s on the H200, and one stall in it (a 0.4 s one was seen in 1 of 12
-    passes, stop 16) would otherwise be the figure; one ST pass per batch size had MiniLM
+    passes) would otherwise be the figure; one ST pass per batch size had MiniLM
     passages at 357 k tok/s in one run and 481 k in the next.
     """
     return _timed_sets(lambda _: run(), [tokens] * passes)
@@ -662,8 +662,8 @@ def _compare_workload(ctx: Context, engine, gateway: _Gateway, reference: _Gatew
     """One workload of the compare part: tokenizer alone, Fern text to vectors, Fern engine only, ST.
 
     Each timed pass gets texts that no earlier pass tokenized: another seed's draw of the same
-    workload. Anything that remembers what it tokenized (the query path's chunk memo; stop 18
-    tried one in the worker processes) then meets each pass's texts as it would new ingest
+    workload. Anything that remembers what it tokenized (the query path's chunk memo, or
+    one in the worker processes) then meets each pass's texts as it would new ingest
     traffic, knowing the common words and not the rare ones, instead of a pass it has learned
     whole. The tokenizer-alone passes come first, on their own sets; the engine's graphs are
     captured beforehand from ids that `reference` gives (no worker processes, and every chunk a
@@ -699,7 +699,7 @@ def _compare_workload(ctx: Context, engine, gateway: _Gateway, reference: _Gatew
     # sentence-transformers at each batch size, after an untimed pass at each over a set of its
     # own; the median of three passes, as Fern's figures. On the H200 host ST's passes speed up
     # with use (MiniLM passages, one 4,096-text warm-up: 248-425 k tok/s in its first four
-    # passes, 451-540 k in passes 8-10; results/st-probe-h200-stop18.json), so it is warmed as
+    # passes, 451-540 k in passes 8-10), so it is warmed as
     # long as Fern, whose engine steps every set twice before it is timed.
     texts = text_sets[0]
     for bs in plan.st_batch_sizes:

@@ -6,7 +6,7 @@ order, which for BERT's WordPiece is by frequency ("the", "of", "and", ...: 21,7
 all-MiniLM-L6-v2); sentences of 6-24 words with a capital first, commas, full stops, question
 marks, numbers, and some capitalized words mid-sentence. So a text's chunks are as varied as
 prose's: a tokenizer's chunk memo misses on the rare words, as it would on real text, instead of
-learning a 200-word list once (the texts before stop 18). A tokenizer with no such vocabulary
+learning a 200-word list once. A tokenizer with no such vocabulary
 gets the 200-word list.
 """
 
@@ -85,8 +85,8 @@ def make_texts(tokenizer: Tokenizer | str | Path, lengths: list[int], seed: int 
                vocabulary: str = "zipf") -> list[str]:
     """One text per requested length; each tokenizes to that many tokens with specials.
 
-    `vocabulary` "words" draws from the 200-word list evenly, as the texts before stop 18 did
-    (lowercase, no punctuation), to compare with earlier results."""
+    `vocabulary` "words" draws from the 200-word list evenly
+    (lowercase, no punctuation), to compare with results on such texts."""
     if vocabulary not in VOCABULARIES:
         raise ValueError(f"vocabulary must be one of {VOCABULARIES}, got {vocabulary!r}")
     if not isinstance(tokenizer, Tokenizer):

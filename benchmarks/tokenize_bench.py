@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="truncation limit (default: the model's, from its config; needed without one)")
     parser.add_argument("--single-only", action="store_true",
                         help="only the one-text rows (single_text), not the tokens/s workloads")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/tokenize-cpu.json"))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu/tokenize.json"))
     parser.add_argument("--no-write", action="store_true", help="print only, write no result file")
     args = parser.parse_args(argv)
     if args.threads is not None:

@@ -17,7 +17,7 @@ class VarlenAttention:
     off), one more kernel and graph node per layer, 24-28 of them in every batch-1 step.
     Measured on an H200 (one run, same weights, identical vectors): a 128-token step's graph
     replay went 1.15 -> 1.00 ms (BGE-M3 shape, 199 -> 175 kernels) and 1.48 -> 1.43 ms
-    (pplx-0.6b shape); `benchmarks/results/varlen-direct-h200-stop12.json`. The op takes
+    (pplx-0.6b shape). The op takes
     fewer K/V heads than query heads as they are (grouped-query attention, no copy), on
     torch 2.11 as on later versions.
     """

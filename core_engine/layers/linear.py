@@ -30,9 +30,8 @@ class ResidualLinear(nn.Linear):
     Here the matmul is an opaque op, so the add stays an add and torch.compile fuses it into
     the RMSNorm that reads the sum (Qwen3Layer places every residual add in front of a norm).
     On the H200 a 1x128 pplx-0.6b step went from 344 to 289 kernels and 1.24 to 1.18 ms of
-    kernel time; its wall time and the 32x512 throughput stayed within their run-to-run spread
-    (benchmarks/results/profile-h200-stop14-*.json). FERN_ADDMM_RESIDUAL=1 restores the folded
-    form, to measure one against the other.
+    kernel time; its wall time and the 32x512 throughput stayed within their run-to-run spread.
+    FERN_ADDMM_RESIDUAL=1 restores the folded form, to measure one against the other.
     """
 
     def __init__(self, in_features: int, out_features: int) -> None:
