@@ -328,7 +328,7 @@ def _ingest_error(err: Any, args: argparse.Namespace, target: str) -> CliError:
     """The one line for an ingest that stopped: the bad line itself, or how far it got."""
     cause = err.__cause__
     if isinstance(cause, RecordError):
-        done = (f" ({err.rows_upserted:,} records before it are in {args.collection!r}; fix the "
+        done = (f" ({err.rows_upserted:,} records are in {args.collection!r}; fix the "
                 f"line and run the same command again: nothing is duplicated)"
                 if err.rows_upserted else "")
         return CliError(f"{cause}{done}")
