@@ -14,6 +14,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -221,26 +222,19 @@ def _positive(value: Any, flag: str, env: str, kind: Callable[[str], Any]) -> An
     return number
 
 
-class _open_input:
+@contextmanager
+def _open_input(file: str) -> Iterator[tuple[IO[bytes], str]]:
     """The input as a binary stream and its name; a missing or unreadable file is a CliError."""
-
-    def __init__(self, file: str):
-        self.file = file
-        self.stream: IO[bytes] | None = None
-
-    def __enter__(self) -> tuple[IO[bytes], str]:
-        if self.file == "-":
-            return sys.stdin.buffer, "<stdin>"
-        try:
-            self.stream = Path(self.file).open("rb")
-        except OSError as err:
-            raise CliError(f"cannot read {self.file}: {err.strerror or err}; give a JSON-lines "
-                           f"file, or '-' (the default) to read stdin") from None
-        return self.stream, self.file
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.stream is not None:  # stdin is read, not closed
-            self.stream.close()
+    if file == "-":
+        yield sys.stdin.buffer, "<stdin>"  # read, not closed
+        return
+    try:
+        stream = Path(file).open("rb")
+    except OSError as err:
+        raise CliError(f"cannot read {file}: {err.strerror or err}; give a JSON-lines file, "
+                       f"or '-' (the default) to read stdin") from None
+    with stream:
+        yield stream, file
 
 
 def _check_sidecar(fern: Any, model: str, timeout: float) -> None:
