@@ -3,37 +3,50 @@
 The asyncio twin of FernQdrantClient, on AsyncFernClient: the same overridden methods,
 lanes and one-call-per-API-call rule. Bulk `ingest` and `setup_collection` stay on
 the blocking FernQdrantClient (ingest runs its own gRPC stream thread); `search` is here.
+`upload_points` and `upload_collection` are plain (blocking) methods, as they are on
+AsyncQdrantClient, so they embed through a blocking FernClient on the same connection.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from itertools import islice
 from typing import Any
 
 from qdrant_client import AsyncQdrantClient, models
 
-from adapters.qdrant.client import QUERY_LANE, WRITE_LANE
+from adapters.qdrant.client import QUERY_LANE, WRITE_LANE, with_fern_parameters
 from adapters.qdrant.collection import CollectionLayout, layout_from_config
+from adapters.qdrant.connection import FernConnection
 from adapters.qdrant.search import check_search, query_arguments, query_prompt
 from adapters.qdrant.documents import FERN_PREFIX, DocumentEmbedder, FernModels
-from sidecar.client import AsyncFernClient
-
-# upload_points/upload_collection embed this many batches per sidecar call, then upload them.
-_UPLOAD_BATCHES_PER_CALL = 16
+from adapters.qdrant.uploads import embedded
+from sidecar.client import AsyncFernClient, FernClient
 
 
 class AsyncFernQdrantClient(AsyncQdrantClient):
     """AsyncQdrantClient plus Fern: same constructor arguments, plus `fern` (an AsyncFernClient or target)."""
 
-    def __init__(self, location: str | None = None, *, fern: AsyncFernClient | str | None = None,
+    def __init__(self, *args: Any, fern: AsyncFernClient | str | None = None,
                  fern_models: Mapping[str, str] | None = None, fern_prefix: str = FERN_PREFIX,
                  **kwargs: Any):
-        super().__init__(location, **kwargs)
+        super().__init__(*args, **kwargs)
         self._owns_fern = fern is None or isinstance(fern, str)
         self.fern: AsyncFernClient = AsyncFernClient(fern) if self._owns_fern else fern
         self.documents = DocumentEmbedder(FernModels(fern_prefix, dict(fern_models or {})))
+        self._blocking_fern: FernClient | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["fern"] = FernConnection.of(self.fern)
+        state["_blocking_fern"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        connection: FernConnection = state.pop("fern")
+        self.__dict__.update(state)
+        self.fern = connection.asyncio()
+        self._owns_fern = True
 
     async def upsert(self, collection_name: str, points: Any, *args: Any,
                      **kwargs: Any) -> models.UpdateResult:
@@ -53,13 +66,28 @@ class AsyncFernQdrantClient(AsyncQdrantClient):
         return await super().batch_update_points(collection_name, update_operations, *args,
                                                  **kwargs)
 
-    async def upload_points(self, collection_name: str, points: Iterable[models.PointStruct],
-                            batch_size: int = 64, *args: Any, **kwargs: Any) -> None:
-        """Embeds and uploads `points` in slices of 16 batches, so memory stays bounded."""
-        it = iter(points)
-        while chunk := list(islice(it, max(batch_size, 1) * _UPLOAD_BATCHES_PER_CALL)):
-            chunk = await self.documents.asubstitute(chunk, self.fern, WRITE_LANE)
-            await super().upload_points(collection_name, chunk, batch_size, *args, **kwargs)
+    def upload_points(self, collection_name: str, points: Iterable[models.PointStruct],
+                      batch_size: int = 64, *args: Any, **kwargs: Any) -> None:
+        """AsyncQdrantClient.upload_points (a blocking call there too), Fern Documents embedded per batch."""
+        points = embedded(points, self._write_embedder(), batch_size)
+        return super().upload_points(collection_name, points, batch_size, *args, **kwargs)
+
+    def upload_collection(self, collection_name: str, vectors: Any, payload: Any = None,
+                          ids: Any = None, batch_size: int = 64, *args: Any,
+                          **kwargs: Any) -> None:
+        """AsyncQdrantClient.upload_collection (blocking there too), Fern Documents embedded per batch."""
+        vectors = embedded(vectors, self._write_embedder(), batch_size)
+        return super().upload_collection(collection_name, vectors, payload, ids, batch_size,
+                                         *args, **kwargs)
+
+    def _write_embedder(self) -> Callable[[list[Any]], list[Any]]:
+        def embed(chunk: list[Any]) -> list[Any]:
+            if not self.documents.plan(chunk):
+                return chunk
+            if self._blocking_fern is None:
+                self._blocking_fern = FernConnection.of(self.fern).blocking()
+            return self.documents.substitute(chunk, self._blocking_fern, WRITE_LANE)
+        return embed
 
     async def query_points(self, collection_name: str, query: Any = None,
                            using: str | None = None,
@@ -109,5 +137,12 @@ class AsyncFernQdrantClient(AsyncQdrantClient):
 
     async def close(self, *args: Any, **kwargs: Any) -> None:
         await super().close(*args, **kwargs)
+        if getattr(self, "_blocking_fern", None) is not None:
+            self._blocking_fern.close()
+            self._blocking_fern = None
         if getattr(self, "_owns_fern", False) and hasattr(self, "fern"):
             await self.fern.close()
+
+
+AsyncFernQdrantClient.__init__.__signature__ = with_fern_parameters(  # type: ignore[attr-defined]
+    AsyncQdrantClient.__init__, AsyncFernQdrantClient.__init__)

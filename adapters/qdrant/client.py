@@ -10,13 +10,16 @@ call (per chunk of `batch_size` points for the streaming upload methods, to keep
 bounded). The substitution happens in the calling process, so `upload_points(...,
 parallel=N)` workers receive plain vectors. Documents for other models reach
 qdrant-client unchanged and it embeds them as it always does (FastEmbed, cloud inference).
+The constructor takes qdrant-client's arguments as qdrant-client does (positional too),
+and a client copies and pickles where qdrant-client's does (local mode in memory): the
+copy opens its own channel to the same sidecar.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import inspect
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from itertools import islice
 from typing import Any
 
 from qdrant_client import QdrantClient, models
@@ -25,8 +28,10 @@ from adapters.qdrant import collection as _collection
 from adapters.qdrant import ingest as _ingest
 from adapters.qdrant import search as _search
 from adapters.qdrant.collection import DENSE, SPARSE, CollectionLayout
+from adapters.qdrant.connection import FernConnection
 from adapters.qdrant.documents import FERN_PREFIX, DocumentEmbedder, FernModels
 from adapters.qdrant.ingest import IdSpec, IngestSummary, PayloadSpec, TextSpec
+from adapters.qdrant.uploads import embedded
 from sidecar.client import FernClient, ModelInfo
 
 WRITE_LANE = "batch"
@@ -40,14 +45,25 @@ class FernQdrantClient(QdrantClient):
     ``fern/<name>`` prefix), e.g. ``{"sentence-transformers/all-MiniLM-L6-v2": "all-MiniLM-L6-v2"}``.
     """
 
-    def __init__(self, location: str | None = None, *, fern: FernClient | str | None = None,
+    def __init__(self, *args: Any, fern: FernClient | str | None = None,
                  fern_models: Mapping[str, str] | None = None, fern_prefix: str = FERN_PREFIX,
                  **kwargs: Any):
-        super().__init__(location, **kwargs)
+        super().__init__(*args, **kwargs)
         self._owns_fern = fern is None or isinstance(fern, str)
         self.fern: FernClient = FernClient(fern) if self._owns_fern else fern
         self.documents = DocumentEmbedder(FernModels(fern_prefix, dict(fern_models or {})))
         self._model_info: dict[str, ModelInfo] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["fern"] = FernConnection.of(self.fern)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        connection: FernConnection = state.pop("fern")
+        self.__dict__.update(state)
+        self.fern = connection.blocking()
+        self._owns_fern = True
 
     # Writes: BATCH lane.
 
@@ -69,22 +85,19 @@ class FernQdrantClient(QdrantClient):
 
     def upload_points(self, collection_name: str, points: Iterable[models.PointStruct],
                       batch_size: int = 64, *args: Any, **kwargs: Any) -> None:
-        points = self._substitute_chunks(points, batch_size)
+        points = embedded(points, self._write_embedder(), batch_size)
         return super().upload_points(collection_name, points, batch_size, *args, **kwargs)
 
     def upload_collection(self, collection_name: str, vectors: Any, payload: Any = None,
                           ids: Any = None, batch_size: int = 64, *args: Any,
                           **kwargs: Any) -> None:
-        if not isinstance(vectors, Mapping) and not hasattr(vectors, "shape"):
-            vectors = self._substitute_chunks(vectors, batch_size)
+        vectors = embedded(vectors, self._write_embedder(), batch_size)
         return super().upload_collection(collection_name, vectors, payload, ids, batch_size,
                                          *args, **kwargs)
 
-    def _substitute_chunks(self, items: Iterable[Any], batch_size: int) -> Iterator[Any]:
-        """Lazily embed the Documents of `items`, one sidecar call per `batch_size` items."""
-        it = iter(items)
-        while chunk := list(islice(it, max(batch_size, 1))):
-            yield from self.documents.substitute(chunk, self.fern, WRITE_LANE)
+    def _write_embedder(self) -> Callable[[list[Any]], list[Any]]:
+        """Embeds the Documents of one batch of points or vectors: one sidecar call."""
+        return lambda chunk: self.documents.substitute(chunk, self.fern, WRITE_LANE)
 
     # Queries: ONLINE lane.
 
@@ -163,3 +176,17 @@ class FernQdrantClient(QdrantClient):
         super().close(*args, **kwargs)
         if getattr(self, "_owns_fern", False) and hasattr(self, "fern"):
             self.fern.close()
+
+
+def with_fern_parameters(stock_init: Callable[..., Any], own_init: Callable[..., Any]) -> inspect.Signature:
+    """`stock_init`'s signature with `own_init`'s keyword-only Fern parameters, for help() and IDEs."""
+    stock = list(inspect.signature(stock_init).parameters.values())
+    fern = [p for p in inspect.signature(own_init).parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    rest = [p for p in stock if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    var_keyword = [p for p in stock if p.kind is inspect.Parameter.VAR_KEYWORD]
+    return inspect.Signature(rest + fern + var_keyword)
+
+
+FernQdrantClient.__init__.__signature__ = with_fern_parameters(  # type: ignore[attr-defined]
+    QdrantClient.__init__, FernQdrantClient.__init__)

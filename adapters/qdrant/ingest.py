@@ -169,7 +169,7 @@ def ingest(client: QdrantClient, fern: FernClient, collection: str, records: Ite
     if batch_size < 1 or max_in_flight < 1:
         raise ValueError(f"batch_size and max_in_flight must be >= 1, got {batch_size} and "
                          f"{max_in_flight}")
-    reader = _Reader(records, _text_getter(text), _id_getter(id), _payload_getter(payload),
+    reader = _Reader(records, text_getter(text), id_getter(id), payload_getter(payload),
                      batch_size, max_in_flight)
     total = len(records) if isinstance(records, Sequence) else None
     bar = Progress(f"ingest {collection}", total=total, enabled=progress)
@@ -248,7 +248,7 @@ class _Fields(Mapping):
         return 0
 
 
-def _text_getter(text: TextSpec) -> Callable[[Any], str]:
+def text_getter(text: TextSpec) -> Callable[[Any], str]:
     if callable(text):
         return text
     if any(name for _, name, _, _ in Formatter().parse(text)):
@@ -256,13 +256,13 @@ def _text_getter(text: TextSpec) -> Callable[[Any], str]:
     return lambda record: _field(record, text)
 
 
-def _id_getter(spec: IdSpec) -> Callable[[Any], Any]:
+def id_getter(spec: IdSpec) -> Callable[[Any], Any]:
     if callable(spec):
         return spec
     return lambda record: _field(record, spec)
 
 
-def _payload_getter(spec: PayloadSpec) -> Callable[[Any], dict[str, Any] | None]:
+def payload_getter(spec: PayloadSpec) -> Callable[[Any], dict[str, Any] | None]:
     if spec is False:
         return lambda record: None
     if spec is None or spec is True:
