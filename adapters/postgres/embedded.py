@@ -256,7 +256,7 @@ class EmbeddedPostgres:
             if self._process.poll() is not None:
                 raise EmbeddedPostgresError(
                     f"embedded PostgreSQL exited with status {self._process.returncode} while "
-                    f"starting on port {self.port}:\n{self._log_tail()}")
+                    f"starting on port {self.port}:\n{self.log_tail()}")
             try:
                 with psycopg.connect(self.dsn, connect_timeout=5):
                     return
@@ -264,10 +264,15 @@ class EmbeddedPostgres:
                 pass
             if time.monotonic() > deadline:
                 raise EmbeddedPostgresError(f"embedded PostgreSQL did not accept connections "
-                                            f"within {START_TIMEOUT_S:g}s:\n{self._log_tail()}")
+                                            f"within {START_TIMEOUT_S:g}s:\n{self.log_tail()}")
             time.sleep(0.1)
 
-    def _log_tail(self) -> str:
+    def exit_code(self) -> int | None:
+        """The postmaster's exit status if it has exited (None while it runs or once stopped)."""
+        return self._process.poll() if self._process is not None else None
+
+    def log_tail(self) -> str:
+        """The last 2000 characters of the server's log ("" when there is none)."""
         try:
             return self.log_path.read_text(errors="replace")[-2000:]
         except (OSError, AssertionError):
