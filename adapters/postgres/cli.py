@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,33 +37,45 @@ def _env(name: str, default: str | None = None) -> str | None:
     return value if value not in (None, "") else default
 
 
-def _env_int(name: str, default: int | None) -> int | None:
+@dataclass(frozen=True)
+class _BadEnv:
+    """An environment value that does not parse: the verb that would use it says so."""
+
+    name: str
+    value: str
+    expected: str
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _env_int(name: str, default: int | None) -> "int | None | _BadEnv":
     value = _env(name)
     if value is None:
         return default
     try:
         return int(value)
     except ValueError:
-        raise SystemExit(f"fern pg: {name}={value!r} is not an integer") from None
+        return _BadEnv(name, value, "an integer")
 
 
-def _env_float(name: str, default: float) -> float:
+def _env_float(name: str, default: float) -> "float | _BadEnv":
     value = _env(name)
     if value is None:
         return default
     try:
         return float(value)
     except ValueError:
-        raise SystemExit(f"fern pg: {name}={value!r} is not a number") from None
+        return _BadEnv(name, value, "a number")
 
 
-def _env_bool(name: str) -> bool:
+def _env_bool(name: str) -> "bool | _BadEnv":
     value = (_env(name, "") or "").strip().lower()
     if value in ("", "0", "false", "no", "off"):
         return False
     if value in ("1", "true", "yes", "on"):
         return True
-    raise SystemExit(f"fern pg: {name}={value!r} is not true or false")
+    return _BadEnv(name, value, "true or false (1/0, yes/no, on/off)")
 
 
 def _env_list(name: str) -> list[str] | None:
@@ -198,6 +211,9 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
 def _guarded(args: argparse.Namespace) -> int:
     """Run the verb; a user's mistake becomes one line on stderr and exit status 1."""
     try:
+        for value in vars(args).values():
+            if isinstance(value, _BadEnv):
+                raise UserError(f"{value.name}={value.value!r} is not {value.expected}")
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
         return 130
