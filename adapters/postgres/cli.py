@@ -482,20 +482,31 @@ def _worker(args: argparse.Namespace) -> int:
         worker.close()
 
 
+SIDECAR_WAIT_S = 20.0  # how long `--once` waits for a sidecar that does not answer yet
+
+
 def _check_sidecar(client, once: bool) -> None:
-    """A wrong token never heals, so it stops the worker now; a sidecar not up yet only
-    stops a `--once` run (a long-running worker waits for it)."""
+    """A wrong token never heals, so it stops the worker now; a sidecar that does not
+    answer within SIDECAR_WAIT_S stops a `--once` run (a long-running worker waits for it)."""
     import grpc
 
     from sidecar.client import FernError
 
-    try:
-        client.model("", timeout=10)
-    except FernError as err:
-        if once or err.code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.NOT_FOUND):
-            raise
-        log.warning("the sidecar at %s does not answer yet (%s); the worker retries",
-                    client.target, _one_line(err.message))
+    deadline = time.monotonic() + SIDECAR_WAIT_S
+    while True:
+        try:
+            client.model("", timeout=10)
+            return
+        except FernError as err:
+            if err.code != grpc.StatusCode.UNAVAILABLE:
+                raise
+            if not once:
+                log.warning("the sidecar at %s does not answer yet (%s); the worker retries",
+                            client.target, _one_line(err.message))
+                return
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.5)
 
 
 def _run_worker(worker, once: bool, psycopg) -> None:
