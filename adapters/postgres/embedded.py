@@ -209,7 +209,8 @@ class EmbeddedPostgres:
                 raise EmbeddedPostgresError(
                     f"as root, PostgreSQL runs as the user {SERVICE_USER!r}, which cannot enter "
                     f"{str(blocked)!r} (above the data directory {str(d)!r}): choose a "
-                    f"directory it can reach, e.g. under /tmp or /var/lib")
+                    f"directory every user can enter, or allow it with chmod o+x "
+                    f"{str(blocked)!r}")
 
     def _prepare_identity(self, bin_dir: Path) -> None:
         assert self.root is not None
