@@ -405,11 +405,12 @@ class _Reporter:
             self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(10)
-        self.report(final=True)
+        if exc_type is None or issubclass(exc_type, KeyboardInterrupt):
+            self.report(final=True)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every):
@@ -462,8 +463,15 @@ def _worker(args: argparse.Namespace) -> int:
     progress = choices[args.progress]
     config = WorkerConfig(dsn=args.dsn, target=args.target, token=args.token,
                           batch_size=args.batch_size, progress=progress)
-    with _connect(args.dsn):
-        pass  # a wrong DSN is the user's mistake, said once; later losses are retried below
+    from adapters.postgres.installer import is_installed
+
+    # A wrong DSN or a missing schema is said once, up front; later losses are retried.
+    with _connect(args.dsn) as conn:
+        installed = is_installed(conn)
+    if not installed:
+        print("fern pg worker: this database has no (or an older) fern schema: run "
+              "`fern pg install --dsn ...` first", file=sys.stderr)
+        return 2
     worker = Worker(config)
     try:
         _check_sidecar(worker.client, args.once)

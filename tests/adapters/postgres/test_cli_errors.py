@@ -128,3 +128,11 @@ def test_a_bad_environment_value_names_the_variable(docs_db):
     assert fern_pg("install", "--dsn", docs_db).returncode == 0
     ok = fern_pg("status", "--dsn", docs_db, env={"FERN_PG_BATCH_SIZE": "lots"})
     assert ok.returncode == 0, ok.stderr
+
+
+def test_worker_on_a_database_without_the_schema_says_it_in_one_line(pg_db, pg_target):
+    out = fern_pg("worker", "--dsn", pg_db, "--target", pg_target, "--once")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "fern pg worker: this database has no (or an older) fern schema: run "
+        "`fern pg install --dsn ...` first"]
