@@ -100,3 +100,47 @@ def test_worker_and_vectorize_send_the_token(posts, sidecar_factory):
     assert "done: 10 row(s) embedded" in done.stderr
     with psycopg.connect(posts) as conn:
         assert conn.execute("SELECT count(*) FROM posts WHERE embedding IS NULL").fetchone() == (0,)
+
+
+def test_a_running_worker_reports_as_rows_come_in(posts, pg_target):
+    import queue
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    from cli_helpers import clean_env, fern_command
+
+    assert fern_pg("vectorize", "--dsn", posts, "--target", pg_target, "posts",
+                   "-c", "body").returncode == 0
+    worker = subprocess.Popen([*fern_command(), "pg", "worker", "--dsn", posts, "--target",
+                               pg_target, "--report-every", "0.5"], stderr=subprocess.PIPE,
+                              text=True, env=clean_env())
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in worker.stderr],
+                              daemon=True)
+    reader.start()
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not any("10 row(s) embedded" in s and "done:" not in s for s in seen):
+            assert time.monotonic() < deadline, seen
+            try:
+                seen.append(lines.get(timeout=1))
+            except queue.Empty:
+                pass
+        assert any("worker started" in s for s in seen), seen
+        assert any("public.posts.embedding: 0 pending, 0 failed" in s for s in seen), seen
+        # Ctrl-C: the worker stops and says what it did in all.
+        worker.send_signal(signal.SIGINT)
+        assert worker.wait(60) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    reader.join(30)  # the pipe closes when the worker has exited
+    rest = []
+    while not lines.empty():
+        rest.append(lines.get())
+    assert any("done: 10 row(s) embedded" in s for s in rest), seen + rest
+    assert not any("Traceback" in s for s in seen + rest)
