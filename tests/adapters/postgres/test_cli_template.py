@@ -56,3 +56,18 @@ def test_tab_and_backslash_escapes_and_literal_braces(pg_db, pg_target, fern):
         _, vecs = fetch_vectors(conn, "SELECT id, embedding FROM notes")
     ref = fern.embed(["left\t{x}\\right"], prompt="passage").vectors
     assert cosines(vecs, ref)[0] >= 0.99999
+
+
+def test_decoding_keeps_column_names_verbatim_and_round_trips():
+    import pytest
+
+    from adapters.postgres.template import TemplateError, decode_escapes, parse_template
+
+    decoded = decode_escapes("{a\\nb}\\n{{x}}\\t{c}}d}\\\\")
+    # The name "a\nb" (backslash, n) is a column name: untouched; the literal text is decoded.
+    assert parse_template(decoded).parts == (
+        ("column", "a\\nb"), ("text", "\n{x}\t"), ("column", "c}d"), ("text", "\\"))
+    # Real newlines (a shell's $'...' or a Python string) pass through unchanged.
+    assert decode_escapes("{title}\n\n{body}") == "{title}\n\n{body}"
+    with pytest.raises(TemplateError, match=r'unknown escape "\\x"'):
+        decode_escapes("{a}\\x")
