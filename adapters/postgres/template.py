@@ -76,6 +76,56 @@ def parse_template(source: str) -> Template:
     return template
 
 
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def decode_escapes(source: str) -> str:
+    """A template typed on a command line, with \\n, \\t, \\r and \\\\ in its literal text
+    decoded, written back in the canonical form parse_template reads.
+
+    A shell passes '{title}\\n\\n{body}' with a backslash and an "n": decoded here, the
+    row's text (embedded and, with hybrid search, indexed) has a real blank line between
+    the columns. Column names are taken verbatim; any other backslash escape is an error.
+    """
+    template = parse_template(source)
+    parts: list[tuple[str, str]] = []
+    for kind, value in template.parts:
+        if kind == "text":
+            value = _decode_text(source, value)
+        parts.append((kind, value))
+    return format_template(parts)
+
+
+def _decode_text(source: str, text: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch != "\\":
+            out.append(ch)
+            i += 1
+            continue
+        escape = text[i + 1:i + 2]
+        if escape not in _ESCAPES:
+            shown = f'"\\{escape}"' if escape else "a trailing \\"
+            raise TemplateError(f"template {source!r}: unknown escape {shown}; the escapes are "
+                                f"\\n (newline), \\t (tab), \\r and \\\\ (a backslash)")
+        out.append(_ESCAPES[escape])
+        i += 2
+    return "".join(out)
+
+
+def format_template(parts: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> str:
+    """The template source that parse_template reads back as `parts`."""
+    pieces = []
+    for kind, value in parts:
+        if kind == "text":
+            pieces.append(value.replace("{", "{{").replace("}", "}}"))
+        else:
+            pieces.append("{" + value.replace("}", "}}") + "}")
+    return "".join(pieces)
+
+
 def template_from_columns(columns: list[str] | tuple[str, ...]) -> Template:
     """Source columns given as a list are joined by a blank line."""
     if not columns:
@@ -85,8 +135,7 @@ def template_from_columns(columns: list[str] | tuple[str, ...]) -> Template:
         if n:
             parts.append(("text", "\n\n"))
         parts.append(("column", col))
-    source = "\n\n".join("{" + c.replace("}", "}}") + "}" for c in columns)
-    return Template(source, tuple(parts))
+    return Template(format_template(parts), tuple(parts))
 
 
 def text_expression(template: Template, alias: str | None = None) -> sql.Composed:
