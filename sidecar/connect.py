@@ -4,7 +4,8 @@
     args = parser.parse_args()
     with FernClient(**client_kwargs(args)) as client: ...
 
-Each flag has an environment twin (FERN_TARGET, FERN_TOKEN, FERN_TOKEN_FILE, FERN_TLS_CA,
+This module imports nothing of gRPC, so building a parser leaves gRPC unloaded. Each flag
+has an environment twin (FERN_TARGET, FERN_TOKEN, FERN_TOKEN_FILE, FERN_TLS_CA,
 FERN_TLS_CLIENT_CERT, FERN_TLS_CLIENT_KEY, FERN_TLS_SERVER_NAME).
 """
 
@@ -13,8 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-
-from sidecar.security import read_token_file
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 
@@ -49,6 +48,8 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
 
 def client_token(args: argparse.Namespace) -> str | None:
     """--token, else the first token of --token-file, else None."""
+    from sidecar.security import read_token_file  # not at parse time: gRPC must load after its settings
+
     if args.token:
         return args.token
     if getattr(args, "token_file", None):
