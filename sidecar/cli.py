@@ -455,7 +455,8 @@ async def run_sidecar(args: argparse.Namespace,
         from sidecar.metrics import MetricsServer
 
         metrics = MetricsServer(registry, args.host, args.metrics_port, ssl_context=security.ssl_context(),
-                                tokens=security.metrics_tokens, limiter=security.limiter)
+                                tokens=security.metrics_tokens,
+                                limiter=security.limiter if security.tokens else None)
         try:
             await metrics.start()
         except OSError as error:

@@ -6,7 +6,8 @@ to the same host as gRPC. Nothing is sampled in the background: each scrape read
 the same lock the loop already takes to admit a request), every engine's graph counters
 and every tokenizer's worker-process counters (plain ints, read without a lock). The format
 is Prometheus's text exposition format 0.0.4; counters end in `_total`, and every sample
-carries the model's name.
+carries the model's name, but the failed-authentication counters (with a token set), which
+carry the door they count.
 """
 
 from __future__ import annotations

@@ -6,13 +6,11 @@ import threading
 from pathlib import Path
 
 import grpc
-import pytest
 
 from sidecar.client import FernClient, FernError
 
 BODY_BYTES = 64 * 1024 * 1024
 CALLS = 4
-TOKEN = "right-token-0123456789abcdef"
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -27,16 +25,10 @@ def _reset_peak(pid: int) -> None:
     Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
-@pytest.fixture(scope="module")
-def token_sidecar(sidecar_process_class):
-    with sidecar_process_class(["--token", TOKEN]) as process:
-        yield process
-
-
 def test_wrong_token_bodies_are_never_received(token_sidecar):
     """Four concurrent 64 MB Embeds with a wrong token raise the sidecar's peak RSS by less than one body."""
-    pid = token_sidecar.process.pid
-    with FernClient(token_sidecar.target, token=TOKEN, timeout=120) as client:
+    pid = token_sidecar.process.process.pid
+    with FernClient(token_sidecar.target, token=token_sidecar.flag_token, timeout=120) as client:
         client.embed(["warm the path up"])
     _reset_peak(pid)
     before = _peak_rss_mb(pid)
@@ -58,5 +50,5 @@ def test_wrong_token_bodies_are_never_received(token_sidecar):
     rise = _peak_rss_mb(pid) - before
     assert codes == [grpc.StatusCode.UNAUTHENTICATED] * CALLS
     assert rise < BODY_BYTES / 2**20, f"peak RSS rose {rise:.0f} MiB for {CALLS} refused bodies"
-    with FernClient(token_sidecar.target, token=TOKEN, timeout=120) as client:
+    with FernClient(token_sidecar.target, token=token_sidecar.flag_token, timeout=120) as client:
         assert len(client.embed(["still serving"])) == 1
