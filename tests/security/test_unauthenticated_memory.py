@@ -52,3 +52,22 @@ def test_wrong_token_bodies_are_never_received(token_sidecar):
     assert rise < BODY_BYTES / 2**20, f"peak RSS rose {rise:.0f} MiB for {CALLS} refused bodies"
     with FernClient(token_sidecar.target, token=token_sidecar.flag_token, timeout=120) as client:
         assert len(client.embed(["still serving"])) == 1
+
+
+def test_a_message_over_the_cap_is_refused_with_its_limit(token_sidecar):
+    """The stated cap: a request over MAX_MESSAGE_BYTES gets RESOURCE_EXHAUSTED, even with a right token."""
+    from sidecar.server import MAX_MESSAGE_BYTES
+    from sidecar.wire import embedder_pb2 as pb
+    from sidecar.wire import embedder_pb2_grpc as pb_grpc
+
+    over = pb.EmbedRequest(texts=["y" * (MAX_MESSAGE_BYTES + 1024)])
+    options = [("grpc.max_send_message_length", 2 * MAX_MESSAGE_BYTES)]
+    with grpc.insecure_channel(token_sidecar.target, options=options) as channel:
+        stub = pb_grpc.EmbedderStub(channel)
+        try:
+            stub.Embed(over, metadata=(("authorization", f"Bearer {token_sidecar.flag_token}"),), timeout=120)
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert str(MAX_MESSAGE_BYTES) in error.details()
+        else:
+            raise AssertionError("a request over the cap was served")
