@@ -417,6 +417,11 @@ async def run_sidecar(args: argparse.Namespace,
 
     security = door_security(args)
     _warn_exposure(args, security)
+    if security.tls is not None and (args.pg_worker_dsn or after_start) and not _env("TLS_CA"):
+        # The worker and the demos are clients of this sidecar: FernClient reads their TLS from the environment.
+        raise SystemExit("fern: with --tls-cert, the in-process worker and demos connect over TLS: set "
+                         "FERN_TLS_CA (and FERN_TLS_CLIENT_CERT/FERN_TLS_CLIENT_KEY with --tls-client-ca; "
+                         "FERN_TLS_SERVER_NAME when the certificate does not name 127.0.0.1)")
     if args.pg_port is not None and not args.token:
         raise SystemExit("fern: --pg-port needs --token (it is the Postgres endpoint's password)")
     for flag, port in (("--port", args.port), ("--pg-port", args.pg_port), ("--metrics-port", args.metrics_port)):
