@@ -14,6 +14,7 @@ cryptography here, so the client can import this module on a database host witho
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 
 # A token shorter than this can be guessed faster than the limiter below can slow a guesser down.
 MIN_TOKEN_CHARS = 16
+# Addresses the failed-auth limiter remembers at most (a few MB even when full).
+MAX_ADDRESSES = 10_000
 
 
 # ----------------------------------------------------------------------------- TLS
@@ -248,8 +251,10 @@ class LimiterConfig:
     max_delay_s: float = 1.0
     lockout_after: int = 20       # failures from an address before it is refused at once
     lockout_s: float = 60.0       # quiet time after which an address's failures are forgotten
-    max_held_per_address: int = 4 # wrong-token calls of one address held at once
-    max_held: int = 64            # wrong-token calls held at once, all addresses together
+    # A held call costs what gRPC buffers of its body meanwhile, its flow-control window (20-35 MiB
+    # seen for a 64 MB Embed), so few are held: beyond these, the answer comes at once.
+    max_held_per_address: int = 2 # wrong-token calls of one address held at once
+    max_held: int = 16            # wrong-token calls held at once, all addresses together
 
 
 @dataclass(frozen=True)
@@ -263,7 +268,7 @@ class Verdict:
 class AuthLimiter:
     """Per-address limit on failed authentications: answer at once, then back off, then refuse for a while.
 
-    A peer is an IP address (as PostgreSQL's auth_delay and fail2ban count), never a
+    A peer is an IP address (as fail2ban counts), never a
     source port. A correct token is always let through, whatever its address did before:
     one client with a stale token behind a shared NAT address must not lock every other
     client out, and gRPC hands the interceptor no peer before the token is checked anyway.
@@ -289,9 +294,14 @@ class AuthLimiter:
         record = self._records.get(address)
         if record is None or now - record.last > self.config.lockout_s:
             record = self._records[address] = _Record()
-        if len(self._records) > 10_000:  # forget quiet addresses so a scan cannot grow the table
+        if len(self._records) > MAX_ADDRESSES:  # forget quiet addresses so a scan cannot grow the table
             for key in [k for k, r in self._records.items() if now - r.last > self.config.lockout_s]:
                 del self._records[key]
+        if len(self._records) > MAX_ADDRESSES:  # still a flood of fresh addresses: forget the older half
+            by_age = sorted(self._records, key=lambda k: self._records[k].last)
+            for key in by_age[:len(by_age) // 2]:
+                if key != address and not self._records[key].held:
+                    del self._records[key]
         return record
 
     def failed(self, address: str) -> Verdict:
@@ -316,6 +326,18 @@ class AuthLimiter:
             return Verdict(0.0, "too many failed authentications in progress from this address")
         delay = min(c.max_delay_s, c.base_delay_s * 2 ** (record.failures - c.free_failures - 1))
         return Verdict(delay)
+
+    async def penalize(self, address: str) -> str | None:
+        """What every door does with a wrong or missing token: count it, wait out its back-off.
+
+        Returns the limit's sentence to add to the refusal, or None. Call it before reading
+        the request's body, and answer 401 / UNAUTHENTICATED / 28P01 after it returns.
+        """
+        verdict = self.failed(address)
+        if verdict.refused is None and verdict.delay_s:
+            with self.hold(address):
+                await asyncio.sleep(verdict.delay_s)
+        return verdict.refused
 
     def hold(self, address: str) -> "_Hold":
         """A context manager counting a held answer against the bounds."""

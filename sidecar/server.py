@@ -327,13 +327,9 @@ def _denied(response_streaming: bool, limiter: AuthLimiter) -> grpc.RpcMethodHan
     """
 
     async def deny(request_iterator, context):
-        verdict = limiter.failed(peer_address(context.peer()))
-        if verdict.refused is not None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{DENIED_MESSAGE}; {verdict.refused}")
-        if verdict.delay_s:
-            with limiter.hold(peer_address(context.peer())):
-                await asyncio.sleep(verdict.delay_s)
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, DENIED_MESSAGE)
+        refused = await limiter.penalize(peer_address(context.peer()))
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                            DENIED_MESSAGE if refused is None else f"{DENIED_MESSAGE}; {refused}")
 
     make = grpc.stream_stream_rpc_method_handler if response_streaming else grpc.stream_unary_rpc_method_handler
     return make(deny)

@@ -100,3 +100,18 @@ def test_a_peer_is_its_address_not_its_port():
     assert peer_address("ipv4:127.0.0.1:50123") == peer_address("ipv4:127.0.0.1:50999") == "127.0.0.1"
     assert peer_address("ipv6:[::1]:50123") == "::1"
     assert peer_address("unix:/run/fern.sock") == "unix:/run/fern.sock"
+
+
+def test_penalize_holds_then_refuses():
+    """The one call the other doors make for a wrong token: back-off while below the limit, a sentence past it."""
+    import asyncio
+
+    limiter = AuthLimiter(LimiterConfig(free_failures=1, base_delay_s=0.001, max_delay_s=0.001, lockout_after=2),
+                          clock=_Clock())
+
+    async def three() -> list[str | None]:
+        return [await limiter.penalize("192.0.2.7") for _ in range(3)]
+
+    first, held, refused = asyncio.run(three())
+    assert first is None and held is None and "too many failed authentications" in refused
+    assert limiter.failures_total == 3 and limiter.refused_total == 1 and limiter._held == 0
