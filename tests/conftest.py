@@ -78,8 +78,10 @@ class SidecarProcess:
         if "--token" in self.args:
             return self.args[self.args.index("--token") + 1]
         if "--token-file" in self.args:
-            lines = Path(self.args[self.args.index("--token-file") + 1]).read_text().split()
-            return lines[0] if lines else None
+            from sidecar.security import read_token_file
+
+            tokens = read_token_file(Path(self.args[self.args.index("--token-file") + 1]))
+            return tokens[0] if tokens else None
         return None
 
     def log(self) -> str:
