@@ -27,6 +27,7 @@ _STARTED = time.monotonic()  # this module loads first in a `fern` process: star
 if TYPE_CHECKING:  # imported where used: the client verbs (embed, models) need neither
     from sidecar.registry import Registry
     from sidecar.scheduler import SchedulerConfig
+    from sidecar.security import DoorSecurity
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 50051
@@ -68,10 +69,9 @@ def _env_models() -> list[str]:
 # ----------------------------------------------------------------------------- arguments
 
 def _client_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default=_env("TARGET", f"{DEFAULT_HOST}:{DEFAULT_PORT}"),
-                   help="the running sidecar's address (env FERN_TARGET; default %(default)s)")
-    p.add_argument("--token", default=_env("TOKEN"),
-                   help="shared secret sent as 'authorization: Bearer …' (env FERN_TOKEN)")
+    from sidecar.connect import add_connection_args
+
+    add_connection_args(p)
     p.add_argument("--timeout", type=float, default=float(_env("TIMEOUT", "60")),
                    help="seconds to wait for an answer (env FERN_TIMEOUT; default %(default)s)")
 
@@ -103,15 +103,46 @@ def _model_args(p: argparse.ArgumentParser, flag: str = "--model") -> None:
                             "depends on the device)")
 
 
+class _AppendToken(argparse.Action):
+    """`--token` is repeatable: every value goes to `tokens`; `token` stays the first (one password)."""
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        tokens = [*(getattr(namespace, "tokens", None) or ()), value]
+        namespace.tokens = tokens
+        namespace.token = tokens[0]
+        namespace.token_on_command_line = True
+
+
 def _serve_args(p: argparse.ArgumentParser) -> None:
     _model_args(p)
     p.add_argument("--host", default=_env("HOST", DEFAULT_HOST),
                    help="address to bind (env FERN_HOST; default %(default)s: local only)")
     p.add_argument("--port", type=int, default=_env_int("PORT", DEFAULT_PORT),
                    help="gRPC port, 0 for any free one (env FERN_PORT; default %(default)s)")
-    p.add_argument("--token", default=_env("TOKEN"),
+    p.add_argument("--token", action=_AppendToken, default=_env("TOKEN"),
                    help="require 'authorization: Bearer TOKEN' on every call but health checks; "
-                        "also the Postgres endpoint's password (env FERN_TOKEN; default: off)")
+                        "repeatable: any of them is accepted (rotation); the first is also the "
+                        "Postgres endpoint's password (env FERN_TOKEN, one token; default: off). "
+                        "A flag is readable by local users in /proc/PID/cmdline: prefer --token-file")
+    p.add_argument("--token-file", default=_env("TOKEN_FILE"),
+                   help="accept the tokens in this file too, one a line ('#' comments), re-read on "
+                        "SIGHUP (env FERN_TOKEN_FILE)")
+    p.add_argument("--tls-cert", default=_env("TLS_CERT"),
+                   help="serve TLS on every door with this certificate chain (PEM; with --tls-key; "
+                        "env FERN_TLS_CERT)")
+    p.add_argument("--tls-key", default=_env("TLS_KEY"),
+                   help="the certificate's private key (PEM; env FERN_TLS_KEY)")
+    p.add_argument("--tls-client-ca", default=_env("TLS_CLIENT_CA"),
+                   help="require client certificates signed by this CA (PEM): mutual TLS (env "
+                        "FERN_TLS_CLIENT_CA)")
+    p.add_argument("--metrics-token", action="append", default=None,
+                   help="require 'Authorization: Bearer TOKEN' on /metrics (repeatable; env "
+                        "FERN_METRICS_TOKEN; default: open)")
+    p.add_argument("--metrics-token-file", default=_env("METRICS_TOKEN_FILE"),
+                   help="/metrics tokens from a file, re-read on SIGHUP (env FERN_METRICS_TOKEN_FILE)")
+    p.add_argument("--insecure", action="store_true", default=_env_bool("INSECURE"),
+                   help="do not warn when a door listens beyond loopback without TLS or a token "
+                        "(env FERN_INSECURE=1)")
     p.add_argument("--max-request-inputs", type=int, default=_env_int("MAX_REQUEST_INPUTS", None),
                    help="inputs one Embed call may carry (env FERN_MAX_REQUEST_INPUTS; "
                         "default 8192; bigger jobs belong on EmbedStream)")
@@ -331,11 +362,66 @@ def settle_heap() -> int:
     return gc.get_freeze_count()
 
 
+def door_security(args: argparse.Namespace) -> DoorSecurity:
+    """TLS settings, tokens and the failed-auth limiter from `fern serve`'s flags, shared by every door."""
+    from sidecar.security import DoorSecurity, TlsSettings, TokenSet
+
+    tls = None
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            raise SystemExit("fern: TLS needs both --tls-cert and --tls-key")
+        try:
+            tls = TlsSettings.from_files(args.tls_cert, args.tls_key, args.tls_client_ca)
+        except ValueError as error:
+            raise SystemExit(f"fern: {error}") from None
+    elif args.tls_client_ca:
+        raise SystemExit("fern: --tls-client-ca needs --tls-cert and --tls-key")
+    tokens = getattr(args, "tokens", None) or ([args.token] if args.token else [])
+    metrics_tokens = args.metrics_token or ([_env("METRICS_TOKEN")] if _env("METRICS_TOKEN") else [])
+    try:
+        security = DoorSecurity(tls=tls, tokens=TokenSet(tokens, args.token_file),
+                                metrics_tokens=TokenSet(metrics_tokens, args.metrics_token_file))
+    except ValueError as error:
+        raise SystemExit(f"fern: {error}") from None
+    if args.token is None and security.tokens:
+        args.token = security.tokens.first()  # the Postgres endpoint and the worker take one token
+    return security
+
+
+def _warn_exposure(args: argparse.Namespace, security: DoorSecurity) -> None:
+    """Say so at start when a door is reachable beyond this host without TLS or a token (unless --insecure)."""
+    from sidecar.security import MIN_TOKEN_CHARS, exposure_warnings
+
+    if args.insecure:
+        return
+    has_tls, has_token = security.tls is not None, bool(security.tokens)
+    listeners = [("gRPC", args.host, has_tls, has_token)]
+    if args.pg_port is not None:
+        listeners.append(("the Postgres endpoint", args.pg_host or args.host, has_tls, has_token))
+    if args.metrics_port is not None:
+        listeners.append(("/metrics", args.host, has_tls, bool(security.metrics_tokens)))
+    for warning in exposure_warnings(listeners):
+        log.warning("%s", warning)
+    if getattr(args, "token_on_command_line", False):
+        log.warning("--token on the command line is readable by every local user in /proc/%d/cmdline: "
+                    "prefer --token-file or FERN_TOKEN", os.getpid())
+    if short := security.tokens.short_tokens():
+        log.warning("%d token(s) shorter than %d characters: use a long random one, e.g. "
+                    "`openssl rand -hex 32`", short, MIN_TOKEN_CHARS)
+
+
 async def run_sidecar(args: argparse.Namespace,
                       after_start: Callable[[str], object] | None = None) -> int:
     """Load the models, serve until SIGTERM/SIGINT (or until `after_start` returns False), drain."""
     from sidecar.server import Sidecar
 
+    security = door_security(args)
+    _warn_exposure(args, security)
+    if security.tls is not None and (args.pg_worker_dsn or after_start) and not _env("TLS_CA"):
+        # The worker and the demos are clients of this sidecar: FernClient reads their TLS from the environment.
+        raise SystemExit("fern: with --tls-cert, the in-process worker and demos connect over TLS: set "
+                         "FERN_TLS_CA (and FERN_TLS_CLIENT_CERT/FERN_TLS_CLIENT_KEY with --tls-client-ca; "
+                         "FERN_TLS_SERVER_NAME when the certificate does not name 127.0.0.1)")
     if args.pg_port is not None and not args.token:
         raise SystemExit("fern: --pg-port needs --token (it is the Postgres endpoint's password)")
     for flag, port in (("--port", args.port), ("--pg-port", args.pg_port), ("--metrics-port", args.metrics_port)):
@@ -352,8 +438,8 @@ async def run_sidecar(args: argparse.Namespace,
     except (ValueError, OSError) as error:  # a bad --model, --device, or knob: say which
         raise SystemExit(f"fern: {error}") from None
     frozen = settle_heap()
-    sidecar = Sidecar(registry, host=args.host, port=args.port, token=args.token,
-                      max_inputs=args.max_request_inputs)
+    sidecar = Sidecar(registry, host=args.host, port=args.port, tokens=security.tokens,
+                      tls=security.tls, limiter=security.limiter, max_inputs=args.max_request_inputs)
     if args.pg_port is not None:
         from sidecar.pgwire import PgWireServer
 
@@ -363,6 +449,7 @@ async def run_sidecar(args: argparse.Namespace,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, security.reload)  # token rotation without a restart
     try:
         await sidecar.start()
     except OSError as error:
@@ -372,7 +459,9 @@ async def run_sidecar(args: argparse.Namespace,
     if args.metrics_port is not None:
         from sidecar.metrics import MetricsServer
 
-        metrics = MetricsServer(registry, args.host, args.metrics_port)
+        metrics = MetricsServer(registry, args.host, args.metrics_port, ssl_context=security.ssl_context(),
+                                tokens=security.metrics_tokens,
+                                limiter=security.limiter if security.tokens else None)
         try:
             await metrics.start()
         except OSError as error:
@@ -409,7 +498,7 @@ async def run_sidecar(args: argparse.Namespace,
     await stop.wait()
     print("fern: draining (calls in flight finish; new calls get UNAVAILABLE)", file=sys.stderr,
           flush=True)
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.remove_signal_handler(sig)  # a second Ctrl-C kills at once
     await sidecar.stop(args.grace)
     if metrics is not None:  # stopped last: scrapes follow the drain to its end
@@ -494,13 +583,14 @@ def _local_embed(args: argparse.Namespace) -> dict:
 
 def cmd_embed(args: argparse.Namespace) -> int:
     from sidecar.client import FernClient, FernError
+    from sidecar.connect import client_kwargs
     from sidecar.errors import EmbedError
 
     try:
         if args.local:
             out = _local_embed(args)
         else:
-            with FernClient(args.target, token=args.token, timeout=args.timeout) as client:
+            with FernClient(**client_kwargs(args), timeout=args.timeout) as client:
                 e = client.embed(
                     args.texts, model=args.model_name, lane=args.lane, prompt=args.prompt,
                     normalize=args.normalize, truncate=not args.no_truncate,
@@ -518,6 +608,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     from sidecar.client import FernClient, FernError
+    from sidecar.connect import client_kwargs
 
     if args.local:
         from core_engine.config import load_spec
@@ -537,7 +628,7 @@ def cmd_models(args: argparse.Namespace) -> int:
                         "native_int8": spec.native_int8, "path": str(spec.path)})
     else:
         try:
-            with FernClient(args.target, token=args.token, timeout=args.timeout) as client:
+            with FernClient(**client_kwargs(args), timeout=args.timeout) as client:
                 out = [asdict(m) for m in client.list_models()]
         except FernError as error:
             print(f"fern models: {error.code.name}: {error.message}", file=sys.stderr)

@@ -10,6 +10,7 @@ import functools
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
 
 import grpc
@@ -18,6 +19,7 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar.errors import INPUT_INDEX_KEY
+from sidecar.security import ClientTls
 from sidecar.wire import embedder_pb2 as pb
 from sidecar.wire import embedder_pb2_grpc as pb_grpc
 
@@ -261,13 +263,53 @@ def _auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
+def client_tls(tls: bool | None = None, tls_ca: str | os.PathLike | None = None,
+               tls_client_cert: str | os.PathLike | None = None,
+               tls_client_key: str | os.PathLike | None = None,
+               tls_server_name: str | None = None) -> ClientTls | None:
+    """The client's TLS settings, each falling back to its FERN_TLS_… variable; None for plaintext.
+
+    TLS is on when `tls` is True or any file is given; `tls_ca` None then trusts the
+    system's roots.
+    """
+    env = os.environ.get
+    ca = tls_ca or env("FERN_TLS_CA") or None
+    cert = tls_client_cert or env("FERN_TLS_CLIENT_CERT") or None
+    key = tls_client_key or env("FERN_TLS_CLIENT_KEY") or None
+    name = tls_server_name or env("FERN_TLS_SERVER_NAME") or None
+    if tls is False or not (tls or ca or cert or key):
+        return None
+    return ClientTls(Path(ca) if ca else None, Path(cert) if cert else None,
+                     Path(key) if key else None, name)
+
+
+def _make_channel(module, target: str, tls: ClientTls | None):
+    """A plaintext or TLS channel of `module` (grpc or grpc.aio) with the client's options."""
+    if tls is None:
+        return module.insecure_channel(target, options=_CHANNEL_OPTIONS)
+    return module.secure_channel(target, tls.grpc_credentials(),
+                                 options=_CHANNEL_OPTIONS + tls.grpc_options())
+
+
 class FernClient:
-    """Blocking client. `FernClient()` talks to $FERN_TARGET or 127.0.0.1:50051."""
+    """Blocking client. `FernClient()` talks to $FERN_TARGET or 127.0.0.1:50051.
+
+    TLS: `tls_ca` (the CA that signed the sidecar's certificate; `tls=True` alone trusts
+    the system's roots), and for mutual TLS `tls_client_cert` + `tls_client_key`; each
+    falls back to FERN_TLS_CA, FERN_TLS_CLIENT_CERT, FERN_TLS_CLIENT_KEY.
+
+        FernClient("gpu-box:50051", token="…", tls_ca="ca.pem")
+    """
 
     def __init__(self, target: str | None = None, *, token: str | None = None,
-                 timeout: float | None = None, channel: grpc.Channel | None = None):
+                 timeout: float | None = None, channel: grpc.Channel | None = None,
+                 tls: bool | None = None, tls_ca: str | os.PathLike | None = None,
+                 tls_client_cert: str | os.PathLike | None = None,
+                 tls_client_key: str | os.PathLike | None = None,
+                 tls_server_name: str | None = None):
         self.target = target or os.environ.get("FERN_TARGET", DEFAULT_TARGET)
-        self._channel = channel or grpc.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
+        self._channel = channel or _make_channel(
+            grpc, self.target, client_tls(tls, tls_ca, tls_client_cert, tls_client_key, tls_server_name))
         self._stub = pb_grpc.EmbedderStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._metadata = _auth_metadata(token if token is not None else os.environ.get("FERN_TOKEN"))
@@ -361,9 +403,14 @@ class AsyncFernClient:
     """asyncio client with the same methods as FernClient, awaited."""
 
     def __init__(self, target: str | None = None, *, token: str | None = None,
-                 timeout: float | None = None):
+                 timeout: float | None = None, tls: bool | None = None,
+                 tls_ca: str | os.PathLike | None = None,
+                 tls_client_cert: str | os.PathLike | None = None,
+                 tls_client_key: str | os.PathLike | None = None,
+                 tls_server_name: str | None = None):
         self.target = target or os.environ.get("FERN_TARGET", DEFAULT_TARGET)
-        self._channel = grpc.aio.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
+        self._channel = _make_channel(
+            grpc.aio, self.target, client_tls(tls, tls_ca, tls_client_cert, tls_client_key, tls_server_name))
         self._stub = pb_grpc.EmbedderStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._metadata = _auth_metadata(token if token is not None else os.environ.get("FERN_TOKEN"))

@@ -6,17 +6,20 @@ to the same host as gRPC. Nothing is sampled in the background: each scrape read
 the same lock the loop already takes to admit a request), every engine's graph counters
 and every tokenizer's worker-process counters (plain ints, read without a lock). The format
 is Prometheus's text exposition format 0.0.4; counters end in `_total`, and every sample
-carries the model's name.
+carries the model's name, but the failed-authentication counters (with a token set), which
+carry the door they count.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from sidecar.registry import ServedModel
+from sidecar.security import AuthLimiter, TokenSet
 
 log = logging.getLogger(__name__)
 
@@ -164,23 +167,33 @@ class MetricsServer:
 
     A minimal HTTP/1.1 server on the running event loop: `GET` or `HEAD /metrics` answers
     the exposition, any other path 404, any other method 405. Every response closes its
-    connection, so `stop()` only has to cancel requests still being read.
+    connection, so `stop()` only has to cancel requests still being read. `ssl_context`
+    serves HTTPS (a server-side context: mutual TLS when it requires client certificates);
+    a non-empty `tokens` requires `Authorization: Bearer <token>` (401 otherwise). The
+    failed-auth `limiter`'s counters, when given, are part of the exposition.
     """
 
-    def __init__(self, models: Iterable[ServedModel], host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, models: Iterable[ServedModel], host: str = "127.0.0.1", port: int = 0, *,
+                 ssl_context: ssl.SSLContext | None = None, tokens: TokenSet | None = None,
+                 limiter: AuthLimiter | None = None) -> None:
         self.models = models
         self.host = host
         self.port = port
+        self.ssl_context = ssl_context
+        self.tokens = tokens or TokenSet()
+        self.limiter = limiter
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task] = set()
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}{METRICS_PATH}"
+        scheme = "http" if self.ssl_context is None else "https"
+        return f"{scheme}://{host}:{self.port}{METRICS_PATH}"
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self._server = await asyncio.start_server(self._handle, self.host, self.port, ssl=self.ssl_context,
+                                                  ssl_handshake_timeout=READ_TIMEOUT_S if self.ssl_context else None)
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("metrics on %s", self.url)
 
@@ -201,14 +214,19 @@ class MetricsServer:
         self._handlers.add(handler)
         try:
             try:
-                method, target = await asyncio.wait_for(_read_request(reader), READ_TIMEOUT_S)
+                method, target, authorization = await asyncio.wait_for(_read_request(reader), READ_TIMEOUT_S)
             except ValueError:  # not HTTP/1.x, or a line past the reader's limit
                 writer.write(_response(400, "Bad Request", "bad request\n"))
             else:
-                writer.write(self._answer(method, target))
+                if self.tokens and not self.tokens.check_bearer(authorization):
+                    writer.write(_response(401, "Unauthorized", "missing or wrong token: send "
+                                           "'Authorization: Bearer <token>'\n",
+                                           extra=('WWW-Authenticate: Bearer realm="fern"',)))
+                else:
+                    writer.write(self._answer(method, target))
             await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
-            pass  # the scraper went away or never finished its request: nothing to answer
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, ssl.SSLError):
+            pass  # the scraper went away, never finished its request, or failed the TLS handshake
         except asyncio.CancelledError:
             pass  # stop() ends the connection
         finally:
@@ -224,7 +242,7 @@ class MetricsServer:
             return _response(404, "Not Found", f"{path} not found: metrics are at {METRICS_PATH}\n",
                              head=method == "HEAD")
         try:
-            body = render(self.models)
+            body = render(self.models) + (self.limiter.exposition() if self.limiter is not None else "")
         except Exception as error:  # our bug: the scraper sees 500, the log has the traceback
             log.exception("rendering /metrics failed")
             return _response(500, "Internal Server Error", f"internal error: {error}\n",
@@ -232,18 +250,22 @@ class MetricsServer:
         return _response(200, "OK", body, content_type=CONTENT_TYPE, head=method == "HEAD")
 
 
-async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:
-    """The method and target of an HTTP/1.x request; its headers are read and ignored."""
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, str | None]:
+    """The method, target and Authorization header of an HTTP/1.x request; other headers are ignored."""
     request_line = await reader.readline()
     if not request_line:
         raise asyncio.IncompleteReadError(b"", None)
     parts = request_line.decode("latin-1").split()
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
         raise ValueError(f"not an HTTP/1.x request line: {request_line[:80]!r}")
+    authorization = None
     for _ in range(MAX_HEADER_LINES):
         line = await reader.readline()
         if line in (b"\r\n", b"\n"):
-            return parts[0], parts[1]
+            return parts[0], parts[1], authorization
+        name, _, value = line.decode("latin-1").partition(":")
+        if name.strip().lower() == "authorization":
+            authorization = value.strip()
         if not line:
             raise asyncio.IncompleteReadError(b"", None)
     raise ValueError(f"more than {MAX_HEADER_LINES} header lines")

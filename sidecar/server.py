@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,6 +30,7 @@ from sidecar.errors import INPUT_INDEX_KEY, EmbedError, invalid_argument, unavai
 from sidecar.gateway import EmbedParams, EmbedResult, Gateway
 from sidecar.registry import Registry
 from sidecar.scheduler import Lane
+from sidecar.security import AuthLimiter, TlsSettings, TokenSet, peer_address
 from sidecar.wire import embedder_pb2 as pb
 from sidecar.wire import embedder_pb2_grpc as pb_grpc
 
@@ -284,45 +284,55 @@ async def _abort(context: grpc.aio.ServicerContext, error: EmbedError) -> None:
 
 
 class TokenAuth(grpc.aio.ServerInterceptor):
-    """Requires `authorization: Bearer <token>` metadata on every call but health checks."""
+    """Requires `authorization: Bearer <token>` metadata on every call but health checks.
 
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
-        self._denied: dict[str, grpc.RpcMethodHandler] = {}  # per method, built once
+    The token is checked from the call's metadata, before anything of its body is read: a
+    denied call is answered by a handler that never reads (nor parses) the request, after
+    the back-off the limiter asks for, so a wrong-token 200 MB Embed costs no more than
+    its first flow-control window.
+    """
+
+    def __init__(self, tokens: TokenSet | str, limiter: AuthLimiter | None = None) -> None:
+        self.tokens = tokens if isinstance(tokens, TokenSet) else TokenSet([tokens])
+        self.limiter = limiter or AuthLimiter()
+        self._denied: dict[tuple[bool, bool], grpc.RpcMethodHandler] = {}  # per streaming kind
 
     async def intercept_service(self, continuation: Callable[..., Awaitable],
                                 details: grpc.HandlerCallDetails):
         handler = await continuation(details)
         if handler is None or details.method.startswith("/grpc.health.v1.Health/"):
             return handler
-        given = b""
+        given = None
         for key, value in details.invocation_metadata or ():
             if key == "authorization":
-                given = value.encode() if isinstance(value, str) else value
+                given = value
                 break
-        if hmac.compare_digest(given, self._expected):
+        if self.tokens.check_bearer(given):
             return handler
-        denied = self._denied.get(details.method)
+        kind = (handler.request_streaming, handler.response_streaming)
+        denied = self._denied.get(kind)
         if denied is None:
-            denied = self._denied[details.method] = _denied(handler)
+            denied = self._denied[kind] = _denied(handler.response_streaming, self.limiter)
         return denied
 
 
-def _denied(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    message = "missing or wrong token: send metadata 'authorization: Bearer <token>' (fern serve --token)"
+DENIED_MESSAGE = "missing or wrong token: send metadata 'authorization: Bearer <token>'"
 
-    async def deny(request_or_iterator, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    kinds = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }
-    make = kinds[(handler.request_streaming, handler.response_streaming)]
-    return make(deny, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+def _denied(response_streaming: bool, limiter: AuthLimiter) -> grpc.RpcMethodHandler:
+    """A handler that answers UNAUTHENTICATED without reading the request.
+
+    It is a request-streaming handler whatever the method's kind: gRPC reads a unary
+    request in full before calling its handler, a stream's messages only when asked.
+    """
+
+    async def deny(request_iterator, context):
+        refused = await limiter.penalize(peer_address(context.peer()))
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                            DENIED_MESSAGE if refused is None else f"{DENIED_MESSAGE}; {refused}")
+
+    make = grpc.stream_stream_rpc_method_handler if response_streaming else grpc.stream_unary_rpc_method_handler
+    return make(deny)
 
 
 def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -342,19 +352,25 @@ def enable_reflection(server: grpc.aio.Server) -> None:
 class Sidecar:
     """The sidecar's gRPC face: `await Sidecar(registry).start()`, later `await stop()`.
 
-    `port` 0 binds a free port (read `.port` after start). `token` turns on shared-secret
-    auth. `extras` are other front ends sharing the gateway (objects with async
-    start()/stop(), e.g. the Postgres-protocol endpoint); they start after the gRPC
-    server and stop first on drain.
+    `port` 0 binds a free port (read `.port` after start). `token` (one) or `tokens` (a
+    TokenSet) turns on bearer-token auth, with `limiter` counting failures per address;
+    `tls` serves TLS (mutual when it has a client CA). `extras` are other front ends
+    sharing the gateway (objects with async start()/stop(), e.g. the Postgres-protocol
+    endpoint); they start after the gRPC server and stop first on drain.
     """
 
     def __init__(self, registry: Registry, *, host: str = "127.0.0.1", port: int = 50051,
-                 token: str | None = None, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 token: str | None = None, tokens: TokenSet | None = None,
+                 tls: TlsSettings | None = None, limiter: AuthLimiter | None = None,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES,
                  stream_window: int = STREAM_WINDOW, max_inputs: int | None = None) -> None:
         self.registry = registry
         self.host = host
         self.port = port
-        self.token = token or None
+        self.tokens = tokens if tokens is not None else TokenSet([token] if token else [])
+        self.token = self.tokens.first()
+        self.tls = tls
+        self.limiter = limiter or AuthLimiter()
         self.gateway = Gateway(registry) if max_inputs is None else Gateway(registry, max_inputs=max_inputs)
         self.service = EmbedderService(self.gateway, stream_window=stream_window)
         self.health = health.aio.HealthServicer()
@@ -372,13 +388,16 @@ class Sidecar:
     async def start(self) -> None:
         """Start the schedulers, bind and start the server, then report SERVING."""
         await self.registry.start()
-        interceptors = [TokenAuth(self.token)] if self.token else []
+        interceptors = [TokenAuth(self.tokens, self.limiter)] if self.tokens else []
         server = grpc.aio.server(interceptors=interceptors, options=server_options(self._max_message_bytes))
         pb_grpc.add_EmbedderServicer_to_server(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         enable_reflection(server)
         try:
-            bound = server.add_insecure_port(self.target)
+            if self.tls is None:
+                bound = server.add_insecure_port(self.target)
+            else:
+                bound = server.add_secure_port(self.target, self.tls.grpc_credentials())
         except RuntimeError:  # grpc's "Failed to bind"
             bound = 0
         if bound == 0:
@@ -391,8 +410,9 @@ class Sidecar:
             await extra.start()
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        log.info("fern sidecar serving %s on %s", ", ".join(s.name for s in self.gateway.models()),
-                 self.target)
+        log.info("fern sidecar serving %s on %s%s", ", ".join(s.name for s in self.gateway.models()),
+                 self.target, "" if self.tls is None else " (TLS, client certificates required)"
+                 if self.tls.mutual else " (TLS)")
 
     async def stop(self, grace: float = DEFAULT_GRACE_S) -> None:
         """Drain and stop: NOT_SERVING, refuse new calls, finish calls in flight, close."""

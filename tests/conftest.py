@@ -37,9 +37,13 @@ class SidecarProcess:
 
     Use as a context manager; leaving it sends SIGTERM (a graceful drain) and waits.
     `extra_args` are more `fern serve` flags (e.g. "--token", "s3cret", "--pg-port", "0").
+    `client_kwargs` are FernClient arguments for the readiness check (e.g. tls_ca=...
+    for a TLS sidecar); the token is taken from --token / --token-file when not given.
     """
 
-    def __init__(self, extra_args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
+    def __init__(self, extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
+                 client_kwargs: dict | None = None) -> None:
+        self.client_kwargs = dict(client_kwargs or {})
         self.args = [*fern_command(), "serve", "--host", "127.0.0.1", "--port", "0",
                      "--device", "cpu", *extra_args]
         self.env = {**os.environ, "OMP_NUM_THREADS": "2", **(env or {})}
@@ -66,13 +70,18 @@ class SidecarProcess:
                 if m := _PG_ENDPOINT.match(line):
                     self.pg_port = int(m.group(2))
             time.sleep(0.05)
-        with FernClient(self.target, token=self._token()) as client:
+        with FernClient(self.target, **{"token": self._token(), **self.client_kwargs}) as client:
             client.wait_ready(timeout=30)
         return self
 
     def _token(self) -> str | None:
         if "--token" in self.args:
             return self.args[self.args.index("--token") + 1]
+        if "--token-file" in self.args:
+            from sidecar.security import read_token_file
+
+            tokens = read_token_file(Path(self.args[self.args.index("--token-file") + 1]))
+            return tokens[0] if tokens else None
         return None
 
     def log(self) -> str:
@@ -144,8 +153,9 @@ def sidecar_factory() -> Iterator:
     """
     started: list[SidecarProcess] = []
 
-    def start(*extra_args: str, env: dict[str, str] | None = None) -> SidecarProcess:
-        process = SidecarProcess(extra_args, env)
+    def start(*extra_args: str, env: dict[str, str] | None = None,
+              client_kwargs: dict | None = None) -> SidecarProcess:
+        process = SidecarProcess(extra_args, env, client_kwargs)
         started.append(process)
         return process.start()
 
