@@ -125,6 +125,14 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pg-worker-dsn", default=_env("PG_WORKER_DSN", None),
                    help="also run a Postgres vectorizer worker against this database (env "
                         "FERN_PG_WORKER_DSN; default: off)")
+    p.add_argument("--http-port", type=int, default=_env_int("HTTP_PORT", None),
+                   help="also serve the OpenAI (/v1/embeddings) and TEI (/embed) HTTP APIs on this "
+                        "port, 0 for any free one (env FERN_HTTP_PORT; default: off; 8080 is usual)")
+    p.add_argument("--http-host", default=_env("HTTP_HOST", None),
+                   help="address for the HTTP APIs (env FERN_HTTP_HOST; default: --host)")
+    p.add_argument("--http-max-body-bytes", type=int, default=_env_int("HTTP_MAX_BODY_BYTES", 8 * 1024 * 1024),
+                   help="largest HTTP request body, refused (413) before it is read whole (env "
+                        "FERN_HTTP_MAX_BODY_BYTES; default %(default)s)")
     p.add_argument("--metrics-port", type=int, default=_env_int("METRICS_PORT", None),
                    help="also serve Prometheus metrics (GET /metrics) on this port of --host, 0 "
                         "for any free one (env FERN_METRICS_PORT; default: off)")
@@ -338,7 +346,8 @@ async def run_sidecar(args: argparse.Namespace,
 
     if args.pg_port is not None and not args.token:
         raise SystemExit("fern: --pg-port needs --token (it is the Postgres endpoint's password)")
-    for flag, port in (("--port", args.port), ("--pg-port", args.pg_port), ("--metrics-port", args.metrics_port)):
+    for flag, port in (("--port", args.port), ("--pg-port", args.pg_port), ("--metrics-port", args.metrics_port),
+                       ("--http-port", args.http_port)):
         if port is not None and not 0 <= port <= 65535:
             raise SystemExit(f"fern: {flag} {port}: a port is 0 to 65535")
     _check_free(args.host, args.port)
@@ -346,6 +355,8 @@ async def run_sidecar(args: argparse.Namespace,
         _check_free(args.pg_host or args.host, args.pg_port)
     if args.metrics_port:
         _check_free(args.host, args.metrics_port)
+    if args.http_port:
+        _check_free(args.http_host or args.host, args.http_port)
     timings: dict[str, float] = {}
     try:
         registry = await asyncio.to_thread(load_registry, args, timings)
@@ -359,6 +370,15 @@ async def run_sidecar(args: argparse.Namespace,
 
         sidecar.extras.append(PgWireServer(sidecar.gateway, args.pg_host or args.host,
                                            args.pg_port, args.token))
+    http = None
+    if args.http_port is not None:
+        from sidecar.http.app import bearer_checker
+        from sidecar.http.server import HttpServer
+
+        http = HttpServer(sidecar.gateway, args.http_host or args.host, args.http_port,
+                          authorized=bearer_checker(args.token) if args.token else None,
+                          max_body_bytes=args.http_max_body_bytes, grace=args.grace)
+        sidecar.extras.append(http)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -368,6 +388,8 @@ async def run_sidecar(args: argparse.Namespace,
     except OSError as error:
         await registry.drain()
         raise SystemExit(f"fern: {error}") from None
+    if http is not None:
+        print(f"fern: HTTP on {http.url}", file=sys.stderr, flush=True)
     metrics = None
     if args.metrics_port is not None:
         from sidecar.metrics import MetricsServer
