@@ -394,7 +394,8 @@ async def run_sidecar(args: argparse.Namespace,
     if args.metrics_port is not None:
         from sidecar.metrics import MetricsServer
 
-        metrics = MetricsServer(registry, args.host, args.metrics_port)
+        metrics = MetricsServer(registry, args.host, args.metrics_port,
+                                extras=[http.metrics] if http is not None else [])
         try:
             await metrics.start()
         except OSError as error:

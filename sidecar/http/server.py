@@ -12,13 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Callable
-
 import uvicorn
 
 from sidecar.gateway import Gateway
 from sidecar.http.app import Authorizer, HttpApp
 from sidecar.http.body import DEFAULT_MAX_BODY_BYTES
+from sidecar.metrics import HttpMetrics
 
 log = logging.getLogger(__name__)
 
@@ -33,18 +32,21 @@ class HttpServer:
 
     TLS: `ssl_certfile` + `ssl_keyfile` serve HTTPS; `ssl_ca_certs` with
     `require_client_cert` asks every client for a certificate signed by that CA (mutual TLS).
+    `metrics` counts every answered request (give it to the MetricsServer to export it).
     """
 
     def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
                  authorized: Authorizer | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  grace: float = DEFAULT_GRACE_S, ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
                  ssl_ca_certs: str | None = None, require_client_cert: bool = False,
-                 observe: Callable[[str, int, str, float], None] | None = None) -> None:
+                 metrics: HttpMetrics | None = None) -> None:
         if require_client_cert and not ssl_ca_certs:
             raise ValueError("require_client_cert needs ssl_ca_certs (the CA that signs client certificates)")
         if bool(ssl_certfile) != bool(ssl_keyfile):
             raise ValueError("TLS needs both a certificate and its key")
-        self.app = HttpApp(gateway, authorized=authorized, max_body_bytes=max_body_bytes, observe=observe)
+        self.metrics = metrics if metrics is not None else HttpMetrics()
+        self.app = HttpApp(gateway, authorized=authorized, max_body_bytes=max_body_bytes,
+                           observe=self.metrics.observe)
         self.host = host
         self.bound_port = port
         self.grace = grace

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
+import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
@@ -19,7 +21,7 @@ MAX_BODY = 1_000_000
 @pytest.fixture(scope="module")
 def served(sidecar_factory):
     process = sidecar_factory("--token", TOKEN, "--http-port", "0", "--http-max-body-bytes", str(MAX_BODY),
-                              "--max-queued-tokens-batch", "64")
+                              "--max-queued-tokens-batch", "64", "--metrics-port", "0")
     yield process
     assert process.terminate() == 0  # SIGTERM with the HTTP door open still drains cleanly
     process.stop()
@@ -211,3 +213,24 @@ def test_keep_alive_connection_serves_many_requests(address):
                 bad.read()
     finally:
         conn.close()
+
+
+def test_metrics_count_http_requests_by_route_status_and_lane(address, served):
+    url = re.search(r"^fern: metrics on (\S+)", served.log(), re.M).group(1)
+
+    def scrape() -> dict[str, float]:
+        text = urllib.request.urlopen(url, timeout=30).read().decode()
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line.startswith("fern_http_")}
+
+    before = scrape()
+    assert call(address, "POST", "/v1/embeddings", {"input": "counted"})[0] == 200
+    assert call(address, "POST", "/embed", {"inputs": "word " * 80, "truncate": True},
+                headers={**AUTH, "X-Fern-Lane": "batch"})[0] == 429
+    after = scrape()
+    ok = 'fern_http_requests_total{route="/v1/embeddings",status="200",lane="online"}'
+    full = 'fern_http_requests_total{route="/embed",status="429",lane="batch"}'
+    assert after[ok] == before.get(ok, 0) + 1 and after[full] == before.get(full, 0) + 1
+    count = 'fern_http_request_seconds_count{route="/embed"}'
+    assert after[count] == before.get(count, 0) + 1
+    assert after['fern_http_request_seconds_bucket{route="/embed",le="+Inf"}'] == after[count]
