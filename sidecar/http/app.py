@@ -85,6 +85,11 @@ class HttpApp:
     async def __call__(self, scope, receive, send) -> None:
         await self._app(scope, receive, send)
 
+    @property
+    def in_flight(self) -> int:
+        """Requests being answered now."""
+        return self._active
+
     def begin_drain(self) -> None:
         self.draining = True
 
