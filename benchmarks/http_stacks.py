@@ -25,7 +25,8 @@ import numpy as np
 
 from benchmarks.server import free_port
 
-STACKS = ("raw-asgi+uvicorn-httptools", "starlette+uvicorn-httptools", "starlette+uvicorn-h11",
+STACKS = ("raw-asgi+uvicorn-httptools", "starlette+uvicorn-httptools", "starlette-direct+uvicorn-httptools",
+          "starlette+uvicorn-h11",
           "fastapi+uvicorn-httptools", "starlette+granian-embedded")
 VECTOR_B64 = base64.b64encode(np.linspace(-1, 1, 384, dtype="<f4").tobytes()).decode()
 
@@ -63,6 +64,25 @@ def starlette_app():
 
     return Starlette(routes=[Route("/v1/embeddings", embeddings, methods=["POST"])])
 
+def starlette_direct_app():
+    """Starlette's Request and Response, dispatched by a dict of exact paths (Fern's HttpApp fast path)."""
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    async def embeddings(request: Request) -> Response:
+        return Response(_answer(json.loads(await request.body())), media_type="application/json")
+
+    routes = {("POST", "/v1/embeddings"): embeddings}
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        endpoint = routes[(scope["method"], scope["path"])]
+        response = await endpoint(Request(scope, receive))
+        await response(scope, receive, send)
+    return app
+
+
 def fastapi_app():
     from fastapi import FastAPI
     from fastapi.responses import Response
@@ -91,7 +111,8 @@ async def serve(stack: str, port: int) -> None:
         return
     import uvicorn
 
-    app = {"raw-asgi": raw_app, "starlette": starlette_app, "fastapi": fastapi_app}[stack.split("+")[0]]()
+    app = {"raw-asgi": raw_app, "starlette": starlette_app, "starlette-direct": starlette_direct_app,
+           "fastapi": fastapi_app}[stack.split("+")[0]]()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, http="h11" if stack.endswith("h11") else "httptools",
                             lifespan="off", ws="none", access_log=False, log_config=None,
                             proxy_headers=False, log_level="warning")

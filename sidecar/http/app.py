@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from core_engine.config import ModelSpec
 from sidecar.errors import EmbedError
 from sidecar.gateway import DRAINING, GENERIC_PROMPTS, EmbedParams, EmbedResult, Gateway
 from sidecar.http import openai_api, tei_api
@@ -81,8 +82,18 @@ class HttpApp:
             self._route("/health", "GET", tei, self._health, auth=False),
         ]
         self._app = Starlette(routes=routes, exception_handlers={HTTPException: self._http_exception})
+        # Exact paths skip Starlette's middleware stack and route matching (their endpoints catch
+        # everything themselves); templated paths, unknown paths and methods go through Starlette.
+        self._exact = {(method, route.path): route.endpoint for route in routes if "{" not in route.path
+                       for method in route.methods if method != "HEAD"}
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            endpoint = self._exact.get((scope["method"], scope["path"]))
+            if endpoint is not None:
+                response = await endpoint(Request(scope, receive))
+                await response(scope, receive, send)
+                return
         await self._app(scope, receive, send)
 
     @property
@@ -206,7 +217,7 @@ class HttpApp:
         return json_response(await self._tokenizers.tokenize(spec, [prompt + t for t in texts], special))
 
     @staticmethod
-    def _prompt(spec, name: str) -> str:
+    def _prompt(spec: ModelSpec, name: str) -> str:
         """The prompt text the gateway prepends for `name` ("" = the model's default prompt)."""
         if not name:
             return spec.prompts.get(spec.default_prompt_name, "") if spec.default_prompt_name else ""

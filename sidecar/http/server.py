@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+
 import uvicorn
 
 from sidecar.gateway import Gateway
