@@ -57,7 +57,9 @@ class HttpError(Exception):
 
 
 def renamed(message: str, field: str) -> str:
-    """`texts[3]: empty text` as the HTTP field is called: `input[3]: empty text`."""
+    """`texts[3]: empty text` as the HTTP field is called: `input[3]: empty text` (and the
+    truncation option as the HTTP body spells it)."""
+    message = message.replace("(truncation is TRUNCATION_ERROR)", "(truncate is false: true cuts it at the end)")
     return _FIELD.sub(lambda m: field + m.group(2), message, count=1)
 
 

@@ -80,8 +80,8 @@ BAD_OPENAI = [
     ("flat token ids", {"input": [9906, 1917]}, 400, "token ids are not accepted", "input"),
     ("bad lane", {"input": "x", "lane": "fast"}, 400, "lane: 'fast' is not a lane", "lane"),
     ("bad prompt", {"input": "x", "prompt_name": "nope"}, 400, "prompt_name: 'nope' is not a prompt", "prompt_name"),
-    ("too long, truncate off", {"input": "word " * 300, "truncate": False}, 413, "exceeds the model's limit of 256",
-     "input"),
+    ("too long, truncate off", {"input": "word " * 300, "truncate": False}, 413,
+     "input[0]: 302 tokens exceeds the model's limit of 256 tokens (truncate is false", "input"),
 ]
 
 
@@ -191,6 +191,8 @@ def test_tei_routes_answer_in_tei_shapes(address, served):
     status, tokens, _ = call(address, "POST", "/tokenize", {"inputs": "hello there"})
     assert status == 200 and [t["text"] for t in tokens[0]] == ["[CLS]", "hello", "there", "[SEP]"]
     assert tokens[0][1] == {"id": 7592, "text": "hello", "special": False, "start": 0, "stop": 5}
+    status, answer, _ = call(address, "POST", "/v1/embeddings", {"input": "no model named"})
+    assert status == 200 and answer["model"] == "all-MiniLM-L6-v2"  # a raw request may leave it out
     status, info, _ = call(address, "GET", "/info")
     assert status == 200 and info["model_id"] == "all-MiniLM-L6-v2" and info["max_input_length"] == 256
     status, answer, _ = call(address, "GET", "/nope")
