@@ -6,11 +6,11 @@ base64 (what the OpenAI SDK asks for). No model runs, so the figures are the sta
 per request. The client is http.client on one keep-alive connection, in this process; rounds
 interleave the stacks so a noisy neighbour slows them all alike.
 
-    python -m benchmarks.http_stacks --requests 1000 --rounds 3 --out benchmarks/results/cpu/http-stacks.json
+    python -m benchmarks.http_stacks --requests 1000 --rounds 5 --out benchmarks/results/cpu/http-stacks.json
 """
 
+# No `from __future__ import annotations`: FastAPI reads the handler's annotations at run time.
 import argparse
-import asyncio
 import base64
 import http.client
 import json
@@ -26,15 +26,16 @@ import numpy as np
 from benchmarks.server import free_port
 
 STACKS = ("raw-asgi+uvicorn-httptools", "starlette+uvicorn-httptools", "starlette-direct+uvicorn-httptools",
-          "starlette+uvicorn-h11",
-          "fastapi+uvicorn-httptools", "starlette+granian-embedded")
+          "starlette+uvicorn-h11", "fastapi+uvicorn-httptools", "starlette+granian-embedded")
 VECTOR_B64 = base64.b64encode(np.linspace(-1, 1, 384, dtype="<f4").tobytes()).decode()
+
 
 def _answer(payload: dict) -> bytes:
     body = {"object": "list", "model": payload.get("model", ""),
             "data": [{"object": "embedding", "index": 0, "embedding": VECTOR_B64}],
             "usage": {"prompt_tokens": 8, "total_tokens": 8}}
     return json.dumps(body, separators=(",", ":")).encode()
+
 
 def raw_app():
     async def app(scope, receive, send):
@@ -53,6 +54,7 @@ def raw_app():
         await send({"type": "http.response.body", "body": body})
     return app
 
+
 def starlette_app():
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -63,6 +65,7 @@ def starlette_app():
         return Response(_answer(json.loads(await request.body())), media_type="application/json")
 
     return Starlette(routes=[Route("/v1/embeddings", embeddings, methods=["POST"])])
+
 
 def starlette_direct_app():
     """Starlette's Request and Response, dispatched by a dict of exact paths (Fern's HttpApp fast path)."""
@@ -100,6 +103,7 @@ def fastapi_app():
 
     return app
 
+
 async def serve(stack: str, port: int) -> None:
     """Serve `stack` on 127.0.0.1:`port` in the running loop until killed."""
     if stack == "starlette+granian-embedded":
@@ -118,6 +122,7 @@ async def serve(stack: str, port: int) -> None:
                             proxy_headers=False, log_level="warning")
     await uvicorn.Server(config).serve()
 
+
 def _wait_up(port: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -132,6 +137,7 @@ def _wait_up(port: int, timeout: float = 30.0) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
 
 def measure(port: int, requests: int, warmup: int) -> list[float]:
     """Milliseconds per request over one keep-alive connection, each with a new text."""
@@ -150,6 +156,7 @@ def measure(port: int, requests: int, warmup: int) -> list[float]:
             times.append(elapsed * 1e3)
     conn.close()
     return times
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -204,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "results": results}, indent=2) + "\n")
     return 0
+
 
 if __name__ == "__main__":
     raise SystemExit(main())
