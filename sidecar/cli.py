@@ -156,6 +156,14 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pg-worker-dsn", default=_env("PG_WORKER_DSN", None),
                    help="also run a Postgres vectorizer worker against this database (env "
                         "FERN_PG_WORKER_DSN; default: off)")
+    p.add_argument("--http-port", type=int, default=_env_int("HTTP_PORT", None),
+                   help="also serve the OpenAI (/v1/embeddings) and TEI (/embed) HTTP APIs on this "
+                        "port, 0 for any free one (env FERN_HTTP_PORT; default: off; 8080 is usual)")
+    p.add_argument("--http-host", default=_env("HTTP_HOST", None),
+                   help="address for the HTTP APIs (env FERN_HTTP_HOST; default: --host)")
+    p.add_argument("--http-max-body-bytes", type=int, default=_env_int("HTTP_MAX_BODY_BYTES", 8 * 1024 * 1024),
+                   help="largest HTTP request body, refused (413) before it is read whole (env "
+                        "FERN_HTTP_MAX_BODY_BYTES; default %(default)s)")
     p.add_argument("--metrics-port", type=int, default=_env_int("METRICS_PORT", None),
                    help="also serve Prometheus metrics (GET /metrics) on this port of --host, 0 "
                         "for any free one (env FERN_METRICS_PORT; default: off)")
@@ -424,7 +432,8 @@ async def run_sidecar(args: argparse.Namespace,
                          "FERN_TLS_SERVER_NAME when the certificate does not name 127.0.0.1)")
     if args.pg_port is not None and not args.token:
         raise SystemExit("fern: --pg-port needs --token (it is the Postgres endpoint's password)")
-    for flag, port in (("--port", args.port), ("--pg-port", args.pg_port), ("--metrics-port", args.metrics_port)):
+    for flag, port in (("--port", args.port), ("--pg-port", args.pg_port), ("--metrics-port", args.metrics_port),
+                       ("--http-port", args.http_port)):
         if port is not None and not 0 <= port <= 65535:
             raise SystemExit(f"fern: {flag} {port}: a port is 0 to 65535")
     _check_free(args.host, args.port)
@@ -432,6 +441,8 @@ async def run_sidecar(args: argparse.Namespace,
         _check_free(args.pg_host or args.host, args.pg_port)
     if args.metrics_port:
         _check_free(args.host, args.metrics_port)
+    if args.http_port:
+        _check_free(args.http_host or args.host, args.http_port)
     timings: dict[str, float] = {}
     try:
         registry = await asyncio.to_thread(load_registry, args, timings)
@@ -445,6 +456,19 @@ async def run_sidecar(args: argparse.Namespace,
 
         sidecar.extras.append(PgWireServer(sidecar.gateway, args.pg_host or args.host,
                                            args.pg_port, args.token))
+    http = None
+    if args.http_port is not None:
+        from sidecar.http.server import HttpServer
+
+        tls = security.tls
+        http = HttpServer(sidecar.gateway, args.http_host or args.host, args.http_port,
+                          authorized=security.tokens.check_bearer if security.tokens else None,
+                          limiter=security.limiter if security.tokens else None,
+                          max_body_bytes=args.http_max_body_bytes, grace=args.grace,
+                          ssl_certfile=str(tls.cert_file) if tls else None, ssl_keyfile=str(tls.key_file) if tls else None,
+                          ssl_ca_certs=str(tls.client_ca_file) if tls and tls.client_ca_file else None,
+                          require_client_cert=bool(tls and tls.client_ca_file))
+        sidecar.extras.append(http)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -455,13 +479,16 @@ async def run_sidecar(args: argparse.Namespace,
     except OSError as error:
         await registry.drain()
         raise SystemExit(f"fern: {error}") from None
+    if http is not None:
+        print(f"fern: HTTP on {http.url}", file=sys.stderr, flush=True)
     metrics = None
     if args.metrics_port is not None:
         from sidecar.metrics import MetricsServer
 
         metrics = MetricsServer(registry, args.host, args.metrics_port, ssl_context=security.ssl_context(),
                                 tokens=security.metrics_tokens,
-                                limiter=security.limiter if security.tokens else None)
+                                limiter=security.limiter if security.tokens else None,
+                                extras=[http.metrics] if http is not None else [])
         try:
             await metrics.start()
         except OSError as error:

@@ -13,6 +13,7 @@ carry the door they count.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import ssl
 from collections.abc import Callable, Iterable
@@ -125,8 +126,55 @@ def _labels(pairs: dict[str, str]) -> str:
     return "{" + ",".join(f'{k}="{_escape_label(v)}"' for k, v in pairs.items()) + "}"
 
 
-def render(models: Iterable[ServedModel]) -> str:
-    """The text exposition (format 0.0.4) of every model's scheduler and engine counters now."""
+# Upper bounds (seconds) of the HTTP door's latency histogram buckets; +Inf is implied.
+HTTP_LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class HttpMetrics:
+    """The HTTP door's counters: requests by route, status and lane, and latency by route (a histogram).
+
+    `observe` runs on the event loop once per answered request; routes are the app's path
+    templates, so the label sets stay few.
+    """
+
+    def __init__(self, buckets: tuple[float, ...] = HTTP_LATENCY_BUCKETS_S) -> None:
+        self.buckets = buckets
+        self.requests: dict[tuple[str, str, str], int] = {}
+        self._latency: dict[str, list[int]] = {}  # per route: count per bucket, then +Inf
+        self._sum: dict[str, float] = {}
+
+    def observe(self, route: str, status: int, lane: str, seconds: float) -> None:
+        key = (route, str(status), lane)
+        self.requests[key] = self.requests.get(key, 0) + 1
+        counts = self._latency.get(route)
+        if counts is None:
+            counts = self._latency[route] = [0] * (len(self.buckets) + 1)
+            self._sum[route] = 0.0
+        counts[bisect.bisect_left(self.buckets, seconds)] += 1
+        self._sum[route] += seconds
+
+    def lines(self) -> list[str]:
+        """This door's families in the text exposition format."""
+        out = ["# HELP fern_http_requests_total HTTP requests answered, by route, status and lane.",
+               "# TYPE fern_http_requests_total counter"]
+        for (route, status, lane), count in sorted(self.requests.items()):
+            out.append(f"fern_http_requests_total{_labels({'route': route, 'status': status, 'lane': lane})} {count}")
+        out += ["# HELP fern_http_request_seconds Time from a request's arrival at its route to its answer.",
+                "# TYPE fern_http_request_seconds histogram"]
+        for route, counts in sorted(self._latency.items()):
+            total = 0
+            for bound, count in zip((*self.buckets, float("inf")), counts):
+                total += count
+                le = "+Inf" if bound == float("inf") else repr(bound)
+                out.append(f"fern_http_request_seconds_bucket{_labels({'route': route, 'le': le})} {total}")
+            out.append(f"fern_http_request_seconds_sum{_labels({'route': route})} {self._sum[route]!r}")
+            out.append(f"fern_http_request_seconds_count{_labels({'route': route})} {total}")
+        return out
+
+
+def render(models: Iterable[ServedModel], extras: Iterable[HttpMetrics] = ()) -> str:
+    """The text exposition (format 0.0.4) of every model's scheduler and engine counters now,
+    then the families of `extras` (the HTTP door's)."""
     # A model's scheduler samples come from one stats() snapshot; its graph counters are
     # copied right after (the engine thread bumps them outside the scheduler's lock, so a
     # step being launched may show in one and not yet in the other).
@@ -159,6 +207,8 @@ def render(models: Iterable[ServedModel]) -> str:
         lines.append(f"# TYPE {family.name} {family.kind}")
         for labels, source in rows.get(family.name, ()):
             lines.append(f"{family.name}{_labels(labels)} {int(family.read(source))}")
+    for extra in extras:
+        lines.extend(extra.lines())
     return "\n".join(lines) + "\n"
 
 
@@ -175,8 +225,9 @@ class MetricsServer:
 
     def __init__(self, models: Iterable[ServedModel], host: str = "127.0.0.1", port: int = 0, *,
                  ssl_context: ssl.SSLContext | None = None, tokens: TokenSet | None = None,
-                 limiter: AuthLimiter | None = None) -> None:
+                 limiter: AuthLimiter | None = None, extras: Iterable[HttpMetrics] = ()) -> None:
         self.models = models
+        self.extras = list(extras)
         self.host = host
         self.port = port
         self.ssl_context = ssl_context
@@ -242,7 +293,8 @@ class MetricsServer:
             return _response(404, "Not Found", f"{path} not found: metrics are at {METRICS_PATH}\n",
                              head=method == "HEAD")
         try:
-            body = render(self.models) + (self.limiter.exposition() if self.limiter is not None else "")
+            body = render(self.models, self.extras) + (
+                self.limiter.exposition() if self.limiter is not None else "")
         except Exception as error:  # our bug: the scraper sees 500, the log has the traceback
             log.exception("rendering /metrics failed")
             return _response(500, "Internal Server Error", f"internal error: {error}\n",

@@ -20,6 +20,7 @@ from sidecar.client import FernClient
 # "fern: serving all-MiniLM-L6-v2 on 127.0.0.1:40123 (cpu)" is what `fern serve` prints when up.
 _SERVING = re.compile(r"^fern: serving .* on (\S+) \(")
 _PG_ENDPOINT = re.compile(r"^fern: Postgres endpoint on (\S+):(\d+)")
+_HTTP = re.compile(r"^fern: HTTP on (\S+)")
 START_TIMEOUT_S = 120.0
 
 
@@ -51,6 +52,7 @@ class SidecarProcess:
         self.process: subprocess.Popen | None = None
         self.target = ""
         self.pg_port: int | None = None
+        self.http_url = ""  # "http://127.0.0.1:PORT" when started with --http-port
 
     def start(self, timeout: float = START_TIMEOUT_S) -> "SidecarProcess":
         log = self.log_path.open("w")
@@ -69,6 +71,8 @@ class SidecarProcess:
                     self.target = m.group(1)
                 if m := _PG_ENDPOINT.match(line):
                     self.pg_port = int(m.group(2))
+                if m := _HTTP.match(line):
+                    self.http_url = m.group(1)
             time.sleep(0.05)
         with FernClient(self.target, **{"token": self._token(), **self.client_kwargs}) as client:
             client.wait_ready(timeout=30)
