@@ -30,6 +30,7 @@ from core_engine.config import ModelSpec
 from sidecar.errors import INPUT_INDEX_KEY, EmbedError, invalid_argument, unavailable
 from sidecar.gateway import EmbedParams, EmbedResult, Gateway
 from sidecar.registry import Registry
+from sidecar.requestlog import RequestLogInterceptor
 from sidecar.scheduler import Lane
 from sidecar.wire import embedder_pb2 as pb
 from sidecar.wire import embedder_pb2_grpc as pb_grpc
@@ -372,7 +373,7 @@ class Sidecar:
     async def start(self) -> None:
         """Start the schedulers, bind and start the server, then report SERVING."""
         await self.registry.start()
-        interceptors = [TokenAuth(self.token)] if self.token else []
+        interceptors = [RequestLogInterceptor(), *([TokenAuth(self.token)] if self.token else [])]
         server = grpc.aio.server(interceptors=interceptors, options=server_options(self._max_message_bytes))
         pb_grpc.add_EmbedderServicer_to_server(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
