@@ -300,8 +300,9 @@ def _register(verbs: argparse._SubParsersAction, verb: OptionalVerb) -> None:
     if found is not None:
         found.register(verbs)
         return
-    p = verbs.add_parser(verb.name, help=f"{verb.help} [not installed]", add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    # No option prefix: whatever flags follow are taken as words, and the verb still says what is missing.
+    p = verbs.add_parser(verb.name, help=f"{verb.help} [not installed]", add_help=False, prefix_chars="\0")
+    p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     p.set_defaults(func=lambda args: _fail(verb.name, missing))
 
 
