@@ -277,8 +277,8 @@ OPTIONAL_VERBS = (
                  "the Qdrant adapter is not installed: pip install 'fern-embed[qdrant]'"),
     # The benchmark harness is a developer tool: it ships in the source tree, not in the wheel.
     OptionalVerb("bench", "benchmarks.cli", "run the benchmark suite (from a source checkout)",
-                 "the benchmarks ship with Fern's source, not with the installed package: run "
-                 "`fern bench` from a checkout (pip install -e '.[bench]' there)"),
+                 "the benchmark harness ships with Fern's source, not with the installed package: "
+                 "in a checkout, run `make bench` or `python -m sidecar.cli bench`"),
 )
 
 # A module a verb imports -> the extra that installs it.

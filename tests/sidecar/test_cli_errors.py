@@ -108,7 +108,7 @@ def test_bench_without_the_benchmarks_package_says_where_it_lives(hiding_env):
     listed = fern("--help", env=env)
     assert listed.returncode == 0 and "bench" in listed.stdout
     line = assert_one_line_error(fern("bench", "--suite", "cpu", env=env), "fern bench: ")
-    assert "from a checkout" in line
+    assert "in a checkout" in line and "make bench" in line
 
 
 def test_embed_with_no_texts_says_how_to_give_them():
