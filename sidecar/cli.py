@@ -294,7 +294,7 @@ def _register(verbs: argparse._SubParsersAction, verb: OptionalVerb) -> None:
     try:
         found = import_if_installed(verb.module)
     except ModuleNotFoundError as error:
-        found, missing = None, _missing_module_message(error)
+        found, missing = None, missing_module_message(error)
     else:
         missing = verb.missing
     if found is not None:
@@ -311,7 +311,7 @@ def _fail(verb: str, message: str) -> int:
     return 1
 
 
-def _missing_module_message(error: ModuleNotFoundError) -> str:
+def missing_module_message(error: ModuleNotFoundError) -> str:
     """`No module named 'psycopg'` as a user can act on it: which extra to install."""
     top = (error.name or "").partition(".")[0]
     extra = EXTRAS.get(top)
@@ -629,9 +629,10 @@ def truncated_flags(token_counts: Sequence[int], max_tokens: int, truncate: bool
     """Per text: did it reach the model's limit, so that anything past it was cut off?
 
     The sidecar reports token counts after truncation, so a text exactly `max_tokens` long
-    is flagged as well. With truncation off an over-long text is refused, so none is flagged.
+    is flagged as well. With truncation off an over-long text is refused, so none is flagged;
+    `max_tokens` 0 (a model that states no limit) flags none either.
     """
-    return [truncate and int(count) >= max_tokens for count in token_counts]
+    return [truncate and max_tokens > 0 and int(count) >= max_tokens for count in token_counts]
 
 
 def _warn_truncated(model: str, max_tokens: int, truncated: list[bool]) -> None:
@@ -659,7 +660,7 @@ def _local_embed(args: argparse.Namespace, texts: list[str]) -> tuple[dict, int]
                 prompt_name=args.prompt or "", normalize=args.normalize,
                 truncate=not args.no_truncate, dimensions=args.dimensions,
                 encoding=args.encoding, return_sparse=args.sparse))
-            max_tokens = next(s.max_tokens for s in gateway.models() if s.name == r.model)
+            max_tokens = {s.name: s.max_tokens for s in gateway.models()}.get(r.model, 0)
         finally:
             await registry.drain()
             registry.close()
@@ -684,7 +685,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
                     texts, model=args.model_name, lane=args.lane, prompt=args.prompt,
                     normalize=args.normalize, truncate=not args.no_truncate,
                     dimensions=args.dimensions, encoding=args.encoding, sparse=args.sparse)
-                max_tokens = next(m.max_tokens for m in client.list_models() if m.name == e.model)
+                max_tokens = {m.name: m.max_tokens for m in client.list_models()}.get(e.model, 0)
                 sparse = None if e.sparse is None else [(s.indices, s.values) for s in e.sparse]
                 truncated = truncated_flags(e.token_counts, max_tokens, not args.no_truncate)
                 out = _embeddings_json(e.model, e.dimensions, e.encoding, e.token_counts,
@@ -738,9 +739,9 @@ def _verb_name(args: argparse.Namespace) -> str:
 
 def _one_line(error: BaseException) -> str:
     if isinstance(error, ModuleNotFoundError):
-        return _missing_module_message(error)
+        return missing_module_message(error)
     text = " ".join(str(error).split()) or type(error).__name__
-    # Where the message alone does not say what kind of failure it was ("[Errno 2] …" does).
+    # An OSError's or ValueError's message says what failed; other types' names say what kind of failure.
     return text if isinstance(error, (OSError, ValueError)) else f"{type(error).__name__}: {text}"
 
 

@@ -138,16 +138,17 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         behaviour = handler.unary_unary
 
         async def unary(request, context):
+            # The query path: a success costs a clock read and a level check; Fern's servicer
+            # ends every failed call by raising (context.abort), which is where errors are seen.
             started = time.perf_counter()
-            response = error = None
             try:
                 response = await behaviour(request, context)
-                return response
-            except BaseException as raised:
-                error = raised
+            except BaseException as error:
+                _log_unary(method, request, None, context, error, started)
                 raise
-            finally:
-                _log_unary(method, request, response, context, error, started)
+            if log.isEnabledFor(logging.DEBUG):
+                _log_unary(method, request, response, context, None, started)
+            return response
 
         return grpc.unary_unary_rpc_method_handler(unary, **options)
     if handler.request_streaming and handler.response_streaming:
@@ -182,10 +183,8 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
 
 def _log_unary(method: str, request, response, context: grpc.aio.ServicerContext,
                error: BaseException | None, started: float) -> None:
-    status, message = _status(context, error)
-    if status == "OK" and not log.isEnabledFor(logging.DEBUG):
-        return
     ms = (time.perf_counter() - started) * 1000
+    status, message = _status(context, error)
     embed = hasattr(request, "texts")
     record = RequestRecord(
         "grpc", method, status, ms,

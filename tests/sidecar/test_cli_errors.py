@@ -120,3 +120,12 @@ def test_a_bad_log_format_from_the_environment_is_one_line():
     done = fern("serve", "--port", "0", "--device", "cpu", env={"FERN_LOG_FORMAT": "xml"})
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "--log-format 'xml': text or json" in done.stderr
+
+
+def test_demo_skips_an_adapter_whose_library_is_missing_and_names_the_extra(hiding_env):
+    done = fern("demo", "--exit", "--only", "qdrant", "--port", "0", "--device", "cpu",
+                env={**hiding_env, "FERN_TEST_HIDE": "qdrant_client", "OMP_NUM_THREADS": "2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ("fern demo: qdrant: skipped: qdrant_client is not installed; this command needs the 'qdrant' "
+            "extra: pip install 'fern-embed[qdrant]'") in done.stderr
+    assert "Traceback" not in done.stderr and "fern: stopped" in done.stderr
