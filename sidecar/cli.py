@@ -195,8 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fern", description="Fern: a GPU embedding sidecar for vector databases.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
     parser.add_argument("--debug", action="store_true", default=_env_bool("DEBUG"),
-                        help="show the full traceback when a command fails, instead of one line "
-                             "(env FERN_DEBUG=1)")
+                        help="show the full traceback when a command fails, instead of one line; "
+                             "may follow the verb too (env FERN_DEBUG=1)")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
 
@@ -745,13 +745,23 @@ def _one_line(error: BaseException) -> str:
     return text if isinstance(error, (OSError, ValueError)) else f"{type(error).__name__}: {text}"
 
 
+def _debug_first(argv: Sequence[str]) -> list[str]:
+    """`fern pg install … --debug` as `fern --debug pg install …`: the flag is the command's, wherever
+    it is typed (but not after `--`, where every word is an argument)."""
+    argv = list(argv)
+    end = argv.index("--") if "--" in argv else len(argv)
+    if "--debug" not in argv[:end]:
+        return argv
+    return ["--debug", *[a for a in argv[:end] if a != "--debug"], *argv[end:]]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `fern` console script.
 
     A command that fails prints one line, `fern VERB: what went wrong`, and exits 1; with
     `--debug` (or FERN_DEBUG=1) the exception propagates with its traceback instead.
     """
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_debug_first(sys.argv[1:] if argv is None else argv))
     _grpc_settings()
     try:
         return int(args.func(args) or 0)

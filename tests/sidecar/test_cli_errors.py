@@ -70,6 +70,7 @@ def test_embed_local_with_a_missing_model_dir_names_the_path(tmp_path):
 def test_debug_shows_the_traceback_instead(tmp_path):
     missing = str(tmp_path / "no-such-model")
     for done in (fern("--debug", "embed", "--local", "--device", "cpu", "--model-dir", missing, "x"),
+                 fern("embed", "--local", "--device", "cpu", "--model-dir", missing, "x", "--debug"),
                  fern("embed", "--local", "--device", "cpu", "--model-dir", missing, "x",
                       env={"FERN_DEBUG": "1"})):
         assert done.returncode == 1
@@ -109,6 +110,12 @@ def test_bench_without_the_benchmarks_package_says_where_it_lives(hiding_env):
     assert listed.returncode == 0 and "bench" in listed.stdout
     line = assert_one_line_error(fern("bench", "--suite", "cpu", env=env), "fern bench: ")
     assert "in a checkout" in line and "make bench" in line
+
+
+def test_debug_after_a_double_dash_is_a_text_to_embed(tmp_path):
+    missing = str(tmp_path / "no-such-model")
+    done = fern("embed", "--local", "--device", "cpu", "--model-dir", missing, "--", "--debug")
+    assert_one_line_error(done, "fern embed: ")
 
 
 def test_embed_with_no_texts_says_how_to_give_them():
