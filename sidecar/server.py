@@ -29,6 +29,7 @@ from core_engine.config import ModelSpec
 from sidecar.errors import INPUT_INDEX_KEY, EmbedError, invalid_argument, unavailable
 from sidecar.gateway import EmbedParams, EmbedResult, Gateway
 from sidecar.registry import Registry
+from sidecar.requestlog import RequestLogInterceptor
 from sidecar.scheduler import Lane
 from sidecar.security import AuthLimiter, TlsSettings, TokenSet, peer_address
 from sidecar.wire import embedder_pb2 as pb
@@ -388,7 +389,8 @@ class Sidecar:
     async def start(self) -> None:
         """Start the schedulers, bind and start the server, then report SERVING."""
         await self.registry.start()
-        interceptors = [TokenAuth(self.tokens, self.limiter)] if self.tokens else []
+        # The request log comes first, so that refused tokens are logged too.
+        interceptors = [RequestLogInterceptor(), *([TokenAuth(self.tokens, self.limiter)] if self.tokens else [])]
         server = grpc.aio.server(interceptors=interceptors, options=server_options(self._max_message_bytes))
         pb_grpc.add_EmbedderServicer_to_server(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import re
 import socket
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -20,9 +22,11 @@ TOKEN = "s3cret-token"
 SMALL = ("--token", TOKEN, "--max-queued-tokens-online", "1024", "--max-queued-tokens-batch", "768",
          "--max-step-tokens", "256", "--online-step-tokens", "256", "--grace", "60")
 LONG = "word " * 300  # truncated to 256 tokens
-# Full-length inputs kept in flight while the drain test acts: ~12k tokens, seconds of CPU
-# work even on an idle machine (the scheduler measured ~4k tokens/s on two cores).
+# Full-length inputs kept in flight while the drain test acts: at least this many, and at
+# least IN_FLIGHT_SECONDS of steps at the speed the test measures on the machine it runs on.
 IN_FLIGHT = 48
+IN_FLIGHT_SECONDS = 6.0
+DEADLINE_S = 1.0  # long enough to be queued however loaded the machine; short next to the work ahead
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +52,12 @@ def test_token_is_required_except_for_health(small_sidecar):
         assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
     with FernClient(small_sidecar.target, token=TOKEN) as good:
         assert good.embed(["with the token"]).vectors.shape == (1, 384)
+    # Each refusal is a WARNING of the request log, the stream's too (at the default level).
+    deadline = time.monotonic() + 30
+    while "method=ListModels status=UNAUTHENTICATED" not in small_sidecar.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for method in ("Embed", "EmbedStream", "ListModels"):
+        assert f"WARNING fern.requests: door=grpc method={method} status=UNAUTHENTICATED" in small_sidecar.log()
 
 
 def test_full_online_queue_is_resource_exhausted_and_the_server_recovers(small_sidecar):
@@ -79,31 +89,89 @@ def test_stream_waits_for_room_instead_of_failing(small_sidecar):
     assert all(r.error is None and r.embeddings.vectors.shape == (2, 384) for r in results)
 
 
+class Metrics:
+    """The sidecar's /metrics, read as {(family, lane): value} for the bundled model."""
+
+    def __init__(self, process) -> None:
+        found = re.search(r"fern: metrics on (\S+)", process.log())
+        assert found, process.log()[-2000:]
+        self.url = found.group(1)
+
+    def read(self) -> dict[tuple[str, str], int]:
+        with urllib.request.urlopen(self.url, timeout=30) as response:
+            text = response.read().decode()
+        values = {}
+        for line in text.splitlines():
+            if m := re.match(r'(fern_\w+)\{[^}]*lane="(\w+)"[^}]*\} (\d+)$', line):
+                values[(m.group(1), m.group(2))] = int(m.group(3))
+        return values
+
+    def batch(self, family: str) -> int:
+        return self.read()[(f"fern_{family}", "batch")]
+
+    def wait_until(self, what: str, done, timeout: float = 60.0) -> dict:
+        """Poll until `done(values)`: the test moves on when the server reports a state, not after a guess."""
+        deadline = time.monotonic() + timeout
+        while True:
+            values = self.read()
+            if done(values):
+                return values
+            assert time.monotonic() < deadline, f"the sidecar never reported {what}: {values}"
+            time.sleep(0.02)
+
+
+def dropped(values: dict) -> int:
+    return values[("fern_requests_cancelled_total", "batch")] + values[("fern_requests_expired_total", "batch")]
+
+
 def test_deadlines_and_cancels_drop_queued_work_then_sigterm_drains(sidecar_factory):
-    process = sidecar_factory("--max-step-tokens", "256", "--online-step-tokens", "256")
+    process = sidecar_factory("--max-step-tokens", "256", "--online-step-tokens", "256", "--metrics-port", "0",
+                              "--grace", "300")
+    metrics = Metrics(process)
+    with FernClient(process.target, timeout=300) as c:
+        c.embed([LONG] * 2, lane="batch")  # the first steps pay one-off costs
+        started = time.perf_counter()
+        c.embed([LONG] * 8, lane="batch")
+        seconds_per_input = (time.perf_counter() - started) / 8
+    # The work kept in flight is sized from this machine's own speed, so that it cannot finish
+    # while the test queues and drops two requests behind it, however fast the machine (a
+    # loaded machine only makes it last longer); the BATCH bound holds 256 such inputs.
+    in_flight = min(240, max(IN_FLIGHT, math.ceil(IN_FLIGHT_SECONDS / seconds_per_input)))
+    done_before = metrics.batch("requests_completed_total")
+    admitted_before = metrics.batch("requests_admitted_total")
     outcome: dict = {}
 
-    def in_flight() -> None:
+    def in_flight_call() -> None:
         with FernClient(process.target, timeout=300) as c:
             try:
-                outcome["result"] = c.embed([LONG] * IN_FLIGHT, lane="batch")
+                outcome["result"] = c.embed([LONG] * in_flight, lane="batch")
             except FernError as error:
                 outcome["error"] = error
 
-    worker = threading.Thread(target=in_flight)
+    worker = threading.Thread(target=in_flight_call)
     worker.start()
-    time.sleep(1.0)  # the request is on the server, with seconds of steps still ahead
-    with FernClient(process.target) as c:
-        # Queued behind the in-flight work (BATCH is FCFS): dropped at its deadline.
-        with pytest.raises(FernError) as info:
-            c.embed([LONG], lane="batch", timeout=0.3)
-        assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    metrics.wait_until("the in-flight request admitted",
+                       lambda v: v[("fern_requests_admitted_total", "batch")] == admitted_before + 1)
     with grpc.insecure_channel(process.target) as channel:
+        stub = pb_grpc.EmbedderStub(channel)
+        # Queued behind the in-flight work (BATCH is first come, first served): dropped at its deadline.
+        late = stub.Embed.future(pb.EmbedRequest(texts=[LONG], lane=pb.LANE_BATCH), timeout=DEADLINE_S)
+        metrics.wait_until("the deadline request queued",
+                           lambda v: v[("fern_requests_admitted_total", "batch")] == admitted_before + 2)
+        with pytest.raises(grpc.RpcError) as info:
+            late.result(timeout=60)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        metrics.wait_until("the deadline request dropped", lambda v: dropped(v) == 1)
         # Cancelled by its client while queued: dropped too.
-        call = pb_grpc.EmbedderStub(channel).Embed.future(
-            pb.EmbedRequest(texts=[LONG], lane=pb.LANE_BATCH), timeout=60)
-        time.sleep(0.3)
+        call = stub.Embed.future(pb.EmbedRequest(texts=[LONG], lane=pb.LANE_BATCH), timeout=60)
+        metrics.wait_until("the cancelled request queued",
+                           lambda v: v[("fern_requests_admitted_total", "batch")] == admitted_before + 3)
         assert call.cancel()
+        values = metrics.wait_until("the cancelled request dropped", lambda v: dropped(v) == 2)
+    # Both were dropped while the in-flight request still had steps ahead of them (so neither was
+    # served first); were it already done, the in-flight work would need to be bigger.
+    assert values[("fern_requests_completed_total", "batch")] == done_before, \
+        f"the in-flight request ({in_flight} inputs) finished before the drops: {values}"
     process.process.send_signal(15)
     refused = None
     deadline = time.monotonic() + 20
@@ -118,14 +186,20 @@ def test_deadlines_and_cancels_drop_queued_work_then_sigterm_drains(sidecar_fact
     assert refused is not None and refused.code() == grpc.StatusCode.UNAVAILABLE
     worker.join(300)
     assert "error" not in outcome, outcome.get("error")
-    assert outcome["result"].vectors.shape == (IN_FLIGHT, 384)
+    assert outcome["result"].vectors.shape == (in_flight, 384)
     assert process.process.wait(60) == 0
     log = process.log()
     assert "draining" in log and "fern: stopped" in log
-    # The scheduler's own account, logged when it drained: the BATCH lane dropped both.
-    counts = re.search(r"cancelled (\d+)/(\d+), expired (\d+)/(\d+)", log)
+    # The scheduler's own account, logged when it drained: the BATCH lane dropped both, and
+    # the engine saw only the tokens of the requests served (10 + in_flight inputs of 256).
+    counts = re.search(r"scheduler drained: \d+ steps, (\d+) tokens; .*cancelled (\d+)/(\d+), expired (\d+)/(\d+)", log)
     assert counts, log[-2000:]
-    assert int(counts.group(2)) == 1 and int(counts.group(4)) == 1, counts.group(0)
+    tokens, online_cancelled, batch_cancelled, online_expired, batch_expired = map(int, counts.groups())
+    assert (online_cancelled, online_expired) == (0, 0), counts.group(0)
+    # The client's deadline fires a transit time before the server's own, so the server may see
+    # its cancel first: either way the request is dropped (test_scheduler.py pins which it counts as).
+    assert batch_cancelled + batch_expired == 2 and batch_cancelled >= 1, counts.group(0)
+    assert tokens == (10 + in_flight) * 256, counts.group(0)
 
 
 def test_an_ipv6_host_is_bound_and_served(sidecar_factory):
