@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # imported where used: the client verbs (embed, models) need 
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 50051
+DEMO_HTTP_PORT = 8080
 # Scheduler knobs `fern serve` exposes: flag name -> SchedulerConfig field.
 SCHEDULER_KNOBS = {
     "max-step-tokens": "max_step_tokens",
@@ -270,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("demo", help="start the sidecar, run the Postgres and Qdrant demos, keep serving")
     _serve_args(p)
+    # The demo opens the HTTP door too, at the port OpenAI and TEI clients are usually pointed at.
+    p.set_defaults(http_port=_env_int("HTTP_PORT", DEMO_HTTP_PORT))
     _log_format_arg(p)
     p.add_argument("--exit", action="store_true", default=_env_bool("DEMO_EXIT"),
                    help="stop after the demos instead of serving until Ctrl-C (env FERN_DEMO_EXIT=1)")

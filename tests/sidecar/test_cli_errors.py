@@ -130,7 +130,7 @@ def test_a_bad_log_format_from_the_environment_is_one_line():
 
 
 def test_demo_skips_an_adapter_whose_library_is_missing_and_names_the_extra(hiding_env):
-    done = fern("demo", "--exit", "--only", "qdrant", "--port", "0", "--device", "cpu",
+    done = fern("demo", "--exit", "--only", "qdrant", "--port", "0", "--http-port", "0", "--device", "cpu",
                 env={**hiding_env, "FERN_TEST_HIDE": "qdrant_client", "OMP_NUM_THREADS": "2"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert ("fern demo: qdrant: skipped: qdrant_client is not installed; this command needs the 'qdrant' "
