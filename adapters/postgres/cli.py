@@ -32,6 +32,15 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
                         "Postgres-protocol endpoint at HOST:PORT (env FERN_PG_SQL_ENDPOINT)")
     p.add_argument("--sql-endpoint-password", default=os.environ.get("FERN_TOKEN"),
                    help="the endpoint's password, i.e. the sidecar's token (env FERN_TOKEN)")
+    p.add_argument("--sql-sslmode", default=os.environ.get("FERN_PG_SQL_SSLMODE", "prefer"),
+                   choices=("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+                   help="libpq sslmode of dblink's connection to the endpoint (default prefer; "
+                        "env FERN_PG_SQL_SSLMODE)")
+    p.add_argument("--sql-sslrootcert", default=os.environ.get("FERN_PG_SQL_SSLROOTCERT"),
+                   metavar="CA.pem",
+                   help="CA file that signed the endpoint's certificate, as a path on the "
+                        "database server (needed for verify-ca / verify-full; env "
+                        "FERN_PG_SQL_SSLROOTCERT)")
     p.set_defaults(func=_install)
 
     p = verbs.add_parser("vectorize", help="attach a vectorizer to a table and backfill it")
@@ -78,11 +87,18 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
 def _install(args: argparse.Namespace) -> int:
     import psycopg
 
+    from adapters.postgres import embed_function
     from adapters.postgres.installer import install
 
     with psycopg.connect(args.dsn, autocommit=True) as conn:
-        applied = install(conn, sql_endpoint=args.sql_endpoint,
-                          sql_endpoint_password=args.sql_endpoint_password)
+        applied = install(conn)
+        if args.sql_endpoint:
+            try:
+                applied += embed_function.install(
+                    conn, endpoint=args.sql_endpoint, password=args.sql_endpoint_password,
+                    sslmode=args.sql_sslmode, sslrootcert=args.sql_sslrootcert)
+            except ValueError as error:
+                raise SystemExit(f"fern pg {error}") from None
     print(f"fern schema up to date ({len(applied)} migration(s) applied"
           + (f": {', '.join(applied)})" if applied else ")"))
     return 0
