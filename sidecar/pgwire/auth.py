@@ -1,8 +1,11 @@
 """Who may talk to the Postgres endpoint: SCRAM-SHA-256 through scramp, and the per-peer limit on failed authentications."""
 from __future__ import annotations
 
+import base64
+import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import scramp
@@ -31,16 +34,38 @@ class ScramVerifier:
             password, iteration_count=iterations, salt=salt)
         return cls(salt_, iterations_, stored_key, server_key)
 
+    @classmethod
+    def for_passwords(cls, passwords: Sequence[str]) -> tuple[ScramVerifier, ...]:
+        """One verifier a password, sharing one salt: the server-first message is sent
+        before the client has shown which password it holds."""
+        if not passwords or not all(passwords):
+            raise ValueError("the Postgres endpoint needs a password (the sidecar's token); "
+                             "it never accepts unauthenticated connections")
+        salt = secrets.token_bytes(16)
+        return tuple(cls.from_password(p, salt=salt) for p in passwords)
+
 
 class ScramExchange:
     """One server-side exchange (RFC 5802 / RFC 7677): client-first -> server-first,
-    client-final -> server-final; the proof is checked by scramp, in constant time."""
+    client-final -> server-final; the proof is checked by scramp, in constant time.
+
+    With several verifiers (tokens being rotated) the proof is checked against each, all
+    of them every time, and any one that matches admits the client."""
 
     mechanism = "SCRAM-SHA-256"
 
-    def __init__(self, verifier: ScramVerifier, nonce: str | None = None) -> None:
-        info = (verifier.salt, verifier.stored_key, verifier.server_key, verifier.iterations)
-        self._server = _MECHANISM.make_server(lambda _user: info, s_nonce=nonce)
+    def __init__(self, verifiers: ScramVerifier | Sequence[ScramVerifier],
+                 nonce: str | None = None) -> None:
+        if isinstance(verifiers, ScramVerifier):
+            verifiers = (verifiers,)
+        if not verifiers or len({(v.salt, v.iterations) for v in verifiers}) != 1:
+            raise ValueError("a SCRAM exchange needs verifiers that share one salt")
+        nonce = nonce or base64.b64encode(secrets.token_bytes(18)).decode()
+        self._servers = [
+            _MECHANISM.make_server(
+                lambda _user, v=v: (v.salt, v.stored_key, v.server_key, v.iterations),
+                s_nonce=nonce)
+            for v in verifiers]
 
     def server_first(self, client_first: bytes) -> bytes:
         try:
@@ -50,18 +75,32 @@ class ScramExchange:
             # startup packet) and scramp refuses empty attributes: scramp parses a copy that
             # names someone, and the AuthMessage it signs is put back to the client's own bytes.
             named = bare.replace("n=,", "n=*,", 1) if bare.startswith("n=,") else bare
-            self._server.set_client_first(header + sep + named)
-            self._server.client_first_bare = bare
-            return self._server.get_server_first().encode()
+            firsts = set()
+            for server in self._servers:
+                server.set_client_first(header + sep + named)
+                server.client_first_bare = bare
+                firsts.add(server.get_server_first())
+            (first,) = firsts    # one salt, one nonce: the same message from every verifier
+            return first.encode()
         except (scramp.ScramException, UnicodeDecodeError, ValueError) as exc:
             raise AuthenticationFailed(f"malformed SCRAM client-first message: {exc}") from None
 
     def server_final(self, client_final: bytes) -> bytes:
         try:
-            self._server.set_client_final(client_final.decode("utf-8"))
-            return self._server.get_server_final().encode()
-        except (scramp.ScramException, UnicodeDecodeError) as exc:
+            text = client_final.decode("utf-8")
+        except UnicodeDecodeError as exc:
             raise AuthenticationFailed(f"SCRAM proof refused: {exc}") from None
+        accepted, refusal = None, None
+        for server in self._servers:
+            try:
+                server.set_client_final(text)
+                final = server.get_server_final()
+                accepted = accepted or final
+            except scramp.ScramException as exc:
+                refusal = exc
+        if accepted is None:
+            raise AuthenticationFailed(f"SCRAM proof refused: {refusal}")
+        return accepted.encode()
 
 
 def _split_gs2(text: str) -> tuple[str, str, str]:

@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import ipaddress
 import logging
 import secrets
 import ssl
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sidecar.gateway import Gateway
-from sidecar.pgwire.auth import AuthenticationFailed, AuthLimits, FailedAuthLimiter, ScramExchange, ScramVerifier
+from sidecar.pgwire.auth import (AuthenticationFailed, AuthLimits, FailedAuthLimiter,
+                                 ScramExchange, ScramVerifier)
 from sidecar.pgwire.framing import (ADMIN_SHUTDOWN, CANCEL_REQUEST, DEFAULT_MAX_MESSAGE_BYTES,
                                     GSSENC_REQUEST, INVALID_AUTHORIZATION, INVALID_PASSWORD,
                                     MAX_STARTUP_BYTES, PROTOCOL_VIOLATION, SSL_REQUEST,
@@ -50,7 +53,8 @@ class PgWireLimits:
 class PgWireServer:
     """`await PgWireServer(gateway, "127.0.0.1", 5433, token).start()`; `.port` is the bound port.
 
-    Off by default in the sidecar; `fern serve --pg-port N` starts it beside gRPC. With
+    Off by default in the sidecar; `fern serve --pg-port N` starts it beside gRPC.
+    `password` is the token, or several (each admits a client; `set_passwords` rotates). With
     `ssl_context`, an SSLRequest is answered 'S' and the connection upgraded to TLS (mutual
     TLS when the context requires client certificates); `require_tls=True` refuses
     plaintext startups with 28000. `auth_limiter.failures_total` / `.refusals_total` /
@@ -58,24 +62,17 @@ class PgWireServer:
     """
 
     def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int = 0,
-                 password: str = "", *, max_connections: int | None = None,
+                 password: str | Sequence[str] = "", *, max_connections: int | None = None,
                  max_message_bytes: int | None = None, limits: PgWireLimits | None = None,
                  ssl_context: ssl.SSLContext | None = None, require_tls: bool = False) -> None:
-        if not password:
-            raise ValueError("the Postgres endpoint needs a password (the sidecar's token); "
-                             "it never accepts unauthenticated connections")
         if require_tls and ssl_context is None:
             raise ValueError("the Postgres endpoint cannot require TLS without a certificate "
                              "(ssl_context)")
         limits = limits or PgWireLimits()
-        if max_connections is not None or max_message_bytes is not None:
-            limits = PgWireLimits(
-                max_connections=max_connections or limits.max_connections,
-                max_unauthenticated=limits.max_unauthenticated,
-                startup_timeout_s=limits.startup_timeout_s,
-                idle_session_timeout_s=limits.idle_session_timeout_s,
-                max_message_bytes=max_message_bytes or limits.max_message_bytes,
-                auth=limits.auth)
+        if max_connections is not None:
+            limits = dataclasses.replace(limits, max_connections=max_connections)
+        if max_message_bytes is not None:
+            limits = dataclasses.replace(limits, max_message_bytes=max_message_bytes)
         self.gateway = gateway
         self.host = host
         self.port = port
@@ -83,13 +80,19 @@ class PgWireServer:
         self.ssl_context = ssl_context
         self.require_tls = require_tls
         self.auth_limiter = FailedAuthLimiter(limits.auth)
-        self._verifier = ScramVerifier.from_password(password)
+        self._verifiers = ScramVerifier.for_passwords(
+            [password] if isinstance(password, str) else list(password))
         self._server: asyncio.Server | None = None
         self._sessions: dict[int, Session] = {}
         self._handlers: set[asyncio.Task] = set()
         self._unauthenticated = 0
         self._next_pid = 1
         self._draining = False
+
+    def set_passwords(self, passwords: Sequence[str]) -> None:
+        """Replace the accepted tokens (rotation): new logins need one of `passwords`;
+        sessions already open go on."""
+        self._verifiers = ScramVerifier.for_passwords(list(passwords))
 
     @property
     def max_connections(self) -> int:
@@ -262,7 +265,7 @@ class PgWireServer:
 
     async def _authenticate(self, user: str, peer: str, reader: asyncio.StreamReader,
                             writer: asyncio.StreamWriter) -> None:
-        exchange = ScramExchange(self._verifier)
+        exchange = ScramExchange(self._verifiers)
         writer.write(authentication(10, cstring(exchange.mechanism) + b"\0"))
         await writer.drain()
         tag, body = await read_message(reader, MAX_STARTUP_BYTES)

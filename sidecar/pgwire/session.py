@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import struct
 import time
@@ -23,6 +24,8 @@ from sidecar.pgwire.grammar import EmbedCall, EmptyQuery, SetCommand, ShowComman
 from sidecar.scheduler import Lane
 
 log = logging.getLogger("sidecar.pgwire")
+
+OFF_LOOP_CHARS = 64 << 10   # statements longer than this are lexed off the event loop
 
 # How a gateway error reads to a SQL caller. UNAVAILABLE means draining (57P03,
 # cannot_connect_now); RESOURCE_EXHAUSTED a full queue (53400, configuration_limit_exceeded).
@@ -120,14 +123,22 @@ class Session:
             return error_response(INTERNAL_ERROR, f"internal error in Fern's SQL endpoint: "
                                   f"{type(exc).__name__}: {exc}")
 
-    def _parse_sql(self, sql: str,
-                   params: list[str | None] | None = None) -> grammar.Statement:
-        return grammar.parse(sql, standard_conforming_strings=self.standard_conforming_strings,
-                                params=params)
+    async def _parse_sql(self, sql: str, params: list[str | None] | None = None,
+                         *, count: bool = False) -> grammar.Statement | int:
+        """The statement (or, with `count`, its highest $n); a long one is lexed in a worker
+        thread, since the pure-Python lexer takes about a second a megabyte of E'' string and
+        the event loop must keep answering the other sessions meanwhile."""
+        scs = self.standard_conforming_strings
+        if count:
+            work = functools.partial(grammar.count_params, sql, standard_conforming_strings=scs)
+        else:
+            work = functools.partial(grammar.parse, sql, standard_conforming_strings=scs,
+                                     params=params)
+        return await asyncio.to_thread(work) if len(sql) > OFF_LOOP_CHARS else work()
 
     async def _simple_query(self, body: bytes) -> bytes:
         sql = message_string(body)
-        return await self._run(self._parse_sql(sql), describe=True)
+        return await self._run(await self._parse_sql(sql), describe=True)
 
     async def _parse(self, body: bytes) -> bytes:
         """Parse: name, query, parameter types -> ParseComplete."""
@@ -136,8 +147,7 @@ class Session:
         types = [cursor.int32() for _ in range(cursor.int16())]
         if name and name in self.statements:
             raise SqlError("42P05", f'prepared statement "{name}" already exists')
-        count = grammar.count_params(
-            sql, standard_conforming_strings=self.standard_conforming_strings)
+        count = await self._parse_sql(sql, count=True)
         self.statements[name] = _Prepared(sql, max(count, len(types)))
         return message(b"1")
 
@@ -159,7 +169,7 @@ class Session:
         # A text parameter's binary form is its UTF-8 bytes too, so both formats read alike.
         params = [None if v is None else utf8(v, f" (parameter ${i + 1})")
                   for i, v in enumerate(values)]
-        stmt = self._parse_sql(prepared.sql, params)
+        stmt = await self._parse_sql(prepared.sql, params)
         columns = _columns(stmt)
         binary = _result_binary(result_formats, len(columns))
         self.portals[portal] = _Portal(stmt, binary)
@@ -172,7 +182,7 @@ class Session:
             prepared = self.statements.get(name)
             if prepared is None:
                 raise SqlError("26000", f'prepared statement "{name}" does not exist')
-            stmt = self._parse_sql(prepared.sql, [""] * prepared.params)
+            stmt = await self._parse_sql(prepared.sql, [""] * prepared.params)
             params = message(b"t", struct.pack("!H", prepared.params)
                              + struct.pack("!I", TEXT_OID) * prepared.params)
             columns = _columns(stmt)
