@@ -174,6 +174,10 @@ class FailedAuthLimiter:
         over = state.failures - limits.delay_after
         return 0.0 if over <= 0 else min(limits.delay_s * 2 ** (over - 1), limits.max_delay_s)
 
+    def failures_of(self, peer: str) -> int:
+        state = self._peers.get(peer)
+        return 0 if state is None else state.failures
+
     def succeeded(self, peer: str) -> None:
         self._peers.pop(peer, None)
 

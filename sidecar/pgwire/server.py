@@ -228,7 +228,7 @@ class PgWireServer:
             raise ProtocolError(TOO_MANY_CONNECTIONS, "sorry, too many clients already")
         refused_for = self.auth_limiter.refused_for(peer)
         if refused_for > 0:
-            log.warning("Postgres endpoint: refused %s: too many failed authentications", peer)
+            # Logged once, when the refusal starts (below): a flood must not flood the log.
             raise ProtocolError(INVALID_AUTHORIZATION,
                                 f"too many failed authentication attempts from {peer}; "
                                 f"refused for {refused_for:.0f} more seconds")
@@ -289,6 +289,10 @@ class PgWireServer:
             delay = self.auth_limiter.failed(peer)
             log.info("Postgres endpoint: authentication failed for user %r from %s: %s",
                      user, peer, exc)
+            if self.auth_limiter.failures_of(peer) == self.limits.auth.refuse_after:
+                log.warning("Postgres endpoint: refusing %s for %.0f s after %d failed "
+                            "authentications", peer, self.limits.auth.refuse_s,
+                            self.limits.auth.refuse_after)
             if delay:
                 await asyncio.sleep(delay)  # the back-off: a guesser waits before each answer
             raise ProtocolError(INVALID_PASSWORD,

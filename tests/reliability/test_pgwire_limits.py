@@ -293,3 +293,17 @@ def query_reply(sock: socket.socket) -> list[tuple[bytes, bytes]]:
         out.append((tag, payload))
         if tag == b"Z":
             return out
+
+
+def test_a_flood_of_refusals_is_logged_once(endpoint, caplog):
+    import logging
+
+    auth = AuthLimits(delay_after=100, refuse_after=3, refuse_s=600.0)
+    server = endpoint(limits=PgWireLimits(auth=auth))
+    with caplog.at_level(logging.INFO, logger="sidecar.pgwire"):
+        for _ in range(30):
+            with pytest.raises(psycopg.OperationalError):
+                psycopg.connect(dsn(server.port, "wrong password"))
+    assert server.auth_limiter.refusals_total == 27
+    assert caplog.text.count("refusing 127.0.0.1 for 600 s after 3 failed") == 1
+    assert caplog.text.count("authentication failed for user") == 3
