@@ -116,6 +116,15 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
                         "needs --sql-endpoint-password")
     p.add_argument("--sql-endpoint-password", default=_env("FERN_TOKEN"),
                    help="the endpoint's password, i.e. the sidecar's --token (env FERN_TOKEN)")
+    p.add_argument("--sql-sslmode", default=_env("FERN_PG_SQL_SSLMODE", "prefer"),
+                   choices=("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+                   help="libpq sslmode of dblink's connection to the endpoint (default prefer; "
+                        "env FERN_PG_SQL_SSLMODE)")
+    p.add_argument("--sql-sslrootcert", default=_env("FERN_PG_SQL_SSLROOTCERT"),
+                   metavar="CA.pem",
+                   help="CA file that signed the endpoint's certificate, as a path on the "
+                        "database server (needed for verify-ca / verify-full; env "
+                        "FERN_PG_SQL_SSLROOTCERT)")
     p.set_defaults(func=_install)
 
     p = verbs.add_parser(
@@ -354,8 +363,16 @@ def _install(args: argparse.Namespace) -> int:
                             f"(the sidecar's --token): pass --sql-endpoint-password TOKEN or "
                             f"export FERN_TOKEN")
     with _connect(args.dsn) as conn:
-        applied = install(conn, sql_endpoint=args.sql_endpoint,
-                          sql_endpoint_password=args.sql_endpoint_password)
+        applied = install(conn)
+        if args.sql_endpoint:
+            from adapters.postgres import embed_function
+
+            try:
+                applied += embed_function.install(
+                    conn, endpoint=args.sql_endpoint, password=args.sql_endpoint_password,
+                    sslmode=args.sql_sslmode, sslrootcert=args.sql_sslrootcert)
+            except ValueError as err:
+                raise UserError(_one_line(err)) from err
     print(f"fern schema up to date ({len(applied)} migration(s) applied"
           + (f": {', '.join(applied)})" if applied else ")"))
     return 0

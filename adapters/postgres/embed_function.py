@@ -2,10 +2,10 @@
 
 The functions (migrations/embed_function/1001_embed_function.sql) send
 `SELECT * FROM embed_many(ARRAY[...])` to the sidecar's Postgres-protocol endpoint
-(`fern serve --pg-port N --token T`, sidecar/pgwire.py) over one named dblink connection
+(`fern serve --pg-port N --token T`, sidecar/pgwire/) over one named dblink connection
 per database session, opened on first use and reopened once when it has gone stale.
-Where the endpoint is lives in the foreign server `fern_sidecar` (dblink_fdw); the secret
-lives in the user mapping of the functions' owner, which only that role and superusers
+Where the endpoint is, and how dblink checks its TLS (`sslmode`, `sslrootcert`), lives in
+the foreign server `fern_sidecar` (dblink_fdw); the secret lives in the user mapping of the functions' owner, which only that role and superusers
 can read. Callers get EXECUTE on the two functions and nothing else: the functions are
 SECURITY DEFINER with a fixed search_path.
 
@@ -29,6 +29,7 @@ SERVER = "fern_sidecar"
 MIGRATION = Migration(1001, "embed_function", resources.files("adapters.postgres")
                       .joinpath("migrations", "embed_function", "1001_embed_function.sql")
                       .read_text(encoding="utf-8"))
+SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 FUNCTIONS = ("fern.embed(text, text, text)", "fern.embed_many(text[], text, text)")
 HELPERS = ("fern._sidecar_connect()", "fern._sidecar_query(text)", "fern._with_timeout(text)")
 
@@ -45,11 +46,13 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
 def install(conn: psycopg.Connection, *, endpoint: str | None = None, host: str | None = None,
             port: int | None = None, password: str | None = None, default_model: str = "",
             grant_to: Iterable[str] = ("PUBLIC",), connect_timeout: int = 5,
-            sslmode: str = "prefer") -> list[str]:
+            sslmode: str = "prefer", sslrootcert: str | None = None) -> list[str]:
     """Create (once) and configure (every call) `fern.embed` and `fern.embed_many`.
 
     The endpoint is `endpoint` ("HOST:PORT") or `host` + `port`; `password` is the
-    sidecar's token. `default_model` "" means the sidecar's default. `grant_to` roles get
+    sidecar's token. `sslmode` is libpq's, for dblink's connection to the endpoint;
+    `verify-ca` / `verify-full` need `sslrootcert`: the CA file on the database server's
+    own filesystem (the PostgreSQL server process reads it), or "system". `default_model` "" means the sidecar's default. `grant_to` roles get
     USAGE on schema fern and EXECUTE on the two functions. Needs the right to CREATE
     EXTENSION dblink (once) and to own the functions. Returns the migrations applied now.
     """
@@ -60,11 +63,17 @@ def install(conn: psycopg.Connection, *, endpoint: str | None = None, host: str 
                          "or host= and port=")
     if not password:
         raise ValueError("install: the SQL endpoint needs a password (the sidecar's --token)")
+    if sslmode not in SSLMODES:
+        raise ValueError(f"install: sslmode {sslmode!r} is not one of {', '.join(SSLMODES)}")
+    if sslmode.startswith("verify-") and not sslrootcert:
+        raise ValueError(f"install: sslmode {sslmode} needs sslrootcert (the CA file the "
+                         "database server reads, or 'system')")
     applied = apply_migrations(conn, [MIGRATION])
     with conn.transaction():
         _set_server_options(conn, {"host": host, "port": str(port), "dbname": "fern",
                                    "application_name": "fern.embed",
-                                   "connect_timeout": str(connect_timeout), "sslmode": sslmode})
+                                   "connect_timeout": str(connect_timeout), "sslmode": sslmode,
+                                   "sslrootcert": sslrootcert})
         owner = conn.execute("SELECT r.rolname FROM pg_proc p JOIN pg_roles r ON r.oid = p.proowner "
                              "WHERE p.oid = 'fern.embed(text, text, text)'::regprocedure").fetchone()[0]
         _set_user_mapping(conn, owner, {"user": "fern", "password": password})
@@ -93,7 +102,9 @@ def install(conn: psycopg.Connection, *, endpoint: str | None = None, host: str 
     return applied
 
 
-def _set_server_options(conn: psycopg.Connection, options: dict[str, str]) -> None:
+def _set_server_options(conn: psycopg.Connection, options: dict[str, str | None]) -> None:
+    """Set each option; one given as None is dropped where present (so a re-install
+    without sslrootcert does not leave a stale one)."""
     row = conn.execute("SELECT srvoptions FROM pg_foreign_server WHERE srvname = %s",
                        (SERVER,)).fetchone()
     present = {o.split("=", 1)[0] for o in (row[0] or [])}
@@ -112,8 +123,13 @@ def _set_user_mapping(conn: psycopg.Connection, role: str, options: dict[str, st
         grantee, sql.Identifier(SERVER), _option_list(options, present)))
 
 
-def _option_list(options: dict[str, str], present: set[str]) -> sql.Composable:
-    return sql.SQL(", ").join(
-        sql.SQL("{} {} {}").format(sql.SQL("SET" if name in present else "ADD"),
-                                   sql.Identifier(name), sql.Literal(value))
-        for name, value in options.items())
+def _option_list(options: dict[str, str | None], present: set[str]) -> sql.Composable:
+    items = []
+    for name, value in options.items():
+        if value is None:
+            if name in present:
+                items.append(sql.SQL("DROP {}").format(sql.Identifier(name)))
+            continue
+        items.append(sql.SQL("{} {} {}").format(sql.SQL("SET" if name in present else "ADD"),
+                                                sql.Identifier(name), sql.Literal(value)))
+    return sql.SQL(", ").join(items)

@@ -1,6 +1,8 @@
-"""Pure pieces of the Postgres endpoint: SCRAM-SHA-256 against RFC 7677's example, startup packets, pgvector text."""
+"""Pure pieces of the Postgres endpoint: SCRAM-SHA-256 (scramp) against RFC 7677's example, startup packets, pgvector text."""
 
 import base64
+import hashlib
+import hmac
 import struct
 
 import numpy as np
@@ -33,15 +35,16 @@ def test_scram_matches_rfc_7677():
 def test_scram_rejects_a_wrong_password():
     exchange = rfc_exchange("not pencil")
     exchange.server_first(RFC_CLIENT_FIRST)
-    with pytest.raises(AuthenticationFailed, match="wrong password"):
+    with pytest.raises(AuthenticationFailed, match="client keys don't match"):
         exchange.server_final(RFC_CLIENT_FINAL)
 
 
 @pytest.mark.parametrize("client_final, reason", [
-    (RFC_CLIENT_FINAL.replace(b"c=biws", b"c=eSws"), "channel-binding"),
-    (RFC_CLIENT_FINAL.replace(b"k0,p=", b"k1,p="), "nonce"),
-    (RFC_CLIENT_FINAL.split(b",p=")[0], "no proof"),
-    (RFC_CLIENT_FINAL[:-8] + b"AAAAAAA=", "wrong password"),
+    (RFC_CLIENT_FINAL.replace(b"c=biws", b"c=eSws"), "channel bindings don't match"),
+    (RFC_CLIENT_FINAL.replace(b"k0,p=", b"k1,p="), "nonce doesn't match"),
+    (RFC_CLIENT_FINAL.split(b",p=")[0], "Malformed client final"),
+    (RFC_CLIENT_FINAL[:-8] + b"AAAAAAA=", "client keys don't match"),
+    (b"\xff" + RFC_CLIENT_FINAL, "SCRAM proof refused"),
 ])
 def test_scram_rejects_tampered_messages(client_final, reason):
     exchange = rfc_exchange()
@@ -51,10 +54,28 @@ def test_scram_rejects_tampered_messages(client_final, reason):
 
 
 @pytest.mark.parametrize("client_first", [b"p=tls-server-end-point,,n=,r=abc", b"n,a=admin,n=,r=abc",
-                                          b"n,,n=user", b"garbage"])
+                                          b"n,,n=user", b"garbage", b"n,,n=,r=", b"\xff,,n=,r=a"])
 def test_scram_refuses_channel_binding_authzid_and_junk(client_first):
     with pytest.raises(AuthenticationFailed):
         rfc_exchange().server_first(client_first)
+
+
+def test_libpqs_empty_user_name_is_accepted_and_signed_as_sent():
+    """libpq sends "n=" (PostgreSQL takes the user from the startup packet): the proof over
+    the client's own bytes verifies (the client side computed here by hand, RFC 5802)."""
+    nonce = "rOprNGfwEbeRWgbNEkqO"
+    exchange = rfc_exchange()
+    server_first = exchange.server_first(f"n,,n=,r={nonce}".encode()).decode()
+    attrs = dict(part.split("=", 1) for part in server_first.split(","))
+    salted = hashlib.pbkdf2_hmac("sha256", b"pencil", base64.b64decode(attrs["s"]), int(attrs["i"]))
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    without_proof = f"c=biws,r={attrs['r']}"
+    auth = f"n=,r={nonce},{server_first},{without_proof}".encode()
+    signature = hmac.digest(hashlib.sha256(client_key).digest(), auth, "sha256")
+    proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature))).decode()
+    final = exchange.server_final(f"{without_proof},p={proof}".encode())
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+    assert final == b"v=" + base64.b64encode(hmac.digest(server_key, auth, "sha256"))
 
 
 def startup_body(params: dict[str, str], version: int = 3 << 16) -> bytes:

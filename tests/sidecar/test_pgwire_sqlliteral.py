@@ -6,7 +6,7 @@ tests/adapters/postgres/test_embed_function_literals.py; these tests pin the gra
 
 import pytest
 
-from sidecar.sqlliteral import (EmbedCall, EmbedOptions, EmptyQuery, SetCommand, ShowCommand,
+from sidecar.pgwire.grammar import (EmbedCall, EmbedOptions, EmptyQuery, SetCommand, ShowCommand,
                                 SqlError, count_params, parse, parse_options)
 
 

@@ -1,6 +1,6 @@
 """The endpoint's SQL literal parser agrees with PostgreSQL's own lexer, literal by literal.
 
-Whatever `sidecar.sqlliteral` accepts as a string constant, the real PostgreSQL 18 must read
+Whatever `sidecar.pgwire.grammar` accepts as a string constant, the real PostgreSQL 18 must read
 as the same text; and literals PostgreSQL refuses, it refuses too. Checked with
 standard_conforming_strings on and off, on fixed cases and on random ones.
 """
@@ -10,7 +10,7 @@ import random
 import psycopg
 import pytest
 
-from sidecar.sqlliteral import EmbedCall, SqlError, parse
+from sidecar.pgwire.grammar import EmbedCall, SqlError, parse
 
 FIXED = [
     "'plain'", "'it''s'", "''''", "''", "'back\\slash'", "'ends with \\'", "E'a\\\\b'", "e'\\''",
