@@ -154,6 +154,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pg-port", type=int, default=_env_int("PG_PORT", None),
                    help="also answer the Postgres protocol (SELECT embed('…'), for dblink) on "
                         "this port; needs --token (env FERN_PG_PORT; default: off)")
+    p.add_argument("--pg-require-tls", action="store_true", default=_env_bool("PG_REQUIRE_TLS"),
+                   help="the Postgres endpoint refuses plaintext startups (needs --tls-cert; env "
+                        "FERN_PG_REQUIRE_TLS=1)")
     p.add_argument("--pg-host", default=_env("PG_HOST", None),
                    help="address for the Postgres endpoint (env FERN_PG_HOST; default: --host)")
     p.add_argument("--pg-worker-dsn", default=_env("PG_WORKER_DSN", None),
@@ -499,6 +502,8 @@ def _warn_exposure(args: argparse.Namespace, security: DoorSecurity) -> None:
     listeners = [("gRPC", args.host, has_tls, has_token)]
     if args.pg_port is not None:
         listeners.append(("the Postgres endpoint", args.pg_host or args.host, has_tls, has_token))
+    if args.http_port is not None:
+        listeners.append(("HTTP", args.http_host or args.host, has_tls, has_token))
     if args.metrics_port is not None:
         listeners.append(("/metrics", args.host, has_tls, bool(security.metrics_tokens)))
     for warning in exposure_warnings(listeners):
@@ -525,6 +530,8 @@ async def run_sidecar(args: argparse.Namespace,
                          "FERN_TLS_SERVER_NAME when the certificate does not name 127.0.0.1)")
     if args.pg_port is not None and not args.token:
         raise SystemExit("fern: --pg-port needs --token (it is the Postgres endpoint's password)")
+    if args.pg_require_tls and security.tls is None:
+        raise SystemExit("fern: --pg-require-tls needs --tls-cert and --tls-key")
     for flag, port in (("--port", args.port), ("--pg-port", args.pg_port), ("--metrics-port", args.metrics_port),
                        ("--http-port", args.http_port)):
         if port is not None and not 0 <= port <= 65535:
@@ -544,11 +551,14 @@ async def run_sidecar(args: argparse.Namespace,
     frozen = settle_heap()
     sidecar = Sidecar(registry, host=args.host, port=args.port, tokens=security.tokens,
                       tls=security.tls, limiter=security.limiter, max_inputs=args.max_request_inputs)
+    pgwire = None
     if args.pg_port is not None:
         from sidecar.pgwire import PgWireServer
 
-        sidecar.extras.append(PgWireServer(sidecar.gateway, args.pg_host or args.host,
-                                           args.pg_port, args.token))
+        pgwire = PgWireServer(sidecar.gateway, args.pg_host or args.host, args.pg_port,
+                              security.tokens.values(), ssl_context=security.ssl_context(),
+                              require_tls=args.pg_require_tls)
+        sidecar.extras.append(pgwire)
     http = None
     if args.http_port is not None:
         from sidecar.http.server import HttpServer
@@ -566,7 +576,13 @@ async def run_sidecar(args: argparse.Namespace,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, security.reload)  # token rotation without a restart
+
+    def reload_tokens() -> None:  # SIGHUP: token rotation without a restart
+        security.reload()
+        if pgwire is not None:
+            pgwire.set_passwords(security.tokens.values())
+
+    loop.add_signal_handler(signal.SIGHUP, reload_tokens)
     try:
         await sidecar.start()
     except OSError as error:

@@ -175,9 +175,13 @@ class TokenSet:
     def __len__(self) -> int:
         return len(self._digests)
 
+    def values(self) -> list[str]:
+        """The accepted tokens themselves, for a door that must hold them (SCRAM's stored keys)."""
+        return [*self._fixed, *self._from_file]
+
     def first(self) -> str | None:
-        """One accepted token (for a door that needs a single password today)."""
-        tokens = (*self._fixed, *self._from_file)
+        """One accepted token (for a door that needs a single password)."""
+        tokens = self.values()
         return tokens[0] if tokens else None
 
     def short_tokens(self) -> int:
