@@ -400,8 +400,9 @@ class Worker:
                 UPDATE fern.queue q SET claimed_by = pg_backend_pid(), claimed_at = now(),
                        attempts = q.attempts + 1
                   FROM c WHERE q.id = c.id RETURNING q.id, q.row_key)
-            SELECT u.id, u.row_key, t.ctid IS NOT NULL, {text}, md5({text})
+            SELECT u.id, u.row_key, t.{key} IS NOT NULL, {text}, md5({text})
               FROM u LEFT JOIN {table} t ON {match} ORDER BY u.id""").format(
+            key=sql.Identifier(v.key_columns[0]),  # a primary key column: NULL only when no row
             text=v.text_sql("t"), table=v.table, match=v.key_match_sql("t", sql.SQL("u.row_key")))
         with self._claim_lock:
             rows = _raw(self._claim_conn, query, [v.id, self.config.batch_size]).fetchall()
