@@ -17,6 +17,7 @@ Every name that comes from a user reaches SQL through `psycopg.sql.Identifier` (
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Sequence
@@ -225,11 +226,16 @@ def _primary_key(conn: psycopg.Connection, schema: str, table: str) -> list[tupl
 
 
 def _index_name(*parts: str) -> str:
-    """A readable index/table name; PostgreSQL would silently cut one over 63 bytes."""
+    """A readable index/table name that stays unique: PostgreSQL would silently cut one over
+    63 bytes, and two long names cut alike (a table's HNSW and GIN indexes) would collide,
+    so a long one is cut shorter and ends with a hash of the whole."""
     name = "_".join(parts)
-    while len(name.encode()) > _PG_NAME_MAX:
+    if len(name.encode()) <= _PG_NAME_MAX:
+        return name
+    digest = hashlib.md5(name.encode()).hexdigest()[:8]
+    while len(name.encode()) > _PG_NAME_MAX - len(digest) - 1:
         name = name[:-1]
-    return name
+    return f"{name}_{digest}"
 
 
 def _has_index_on(conn: psycopg.Connection, schema: str, table: str, column: str,
