@@ -32,7 +32,8 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterator
 
 import grpc
 import numpy as np
@@ -263,7 +264,7 @@ class Worker:
             if vid in vectorizers:
                 done += self._guarded(vectorizers[vid], self._process)
         for v in vectorizers.values():
-            if v.replaces is None or self._stopping.is_set():
+            if v.replaces is None or self._stopping.is_set() or self._parked_now(v):
                 continue
             busy = self._write_conn.execute(
                 "SELECT EXISTS (SELECT 1 FROM fern.queue WHERE vectorizer_id = %s)", (v.id,))
@@ -273,16 +274,24 @@ class Worker:
                              v.target_column, v.model)
         return done
 
+    def _parked_now(self, v: Vectorizer) -> bool:
+        if v.parked_at is None:
+            return False
+        return (datetime.now(timezone.utc) - v.parked_at).total_seconds() < self.config.park_retry
+
     def _swap(self, v: Vectorizer) -> int:
         assert self._write_conn is not None
         return int(swap_if_ready(self._write_conn, v))
 
-    def _guarded(self, v: Vectorizer, step) -> int:
+    def _guarded(self, v: Vectorizer, step: Callable[[Vectorizer], int]) -> int:
         """`step(v)`, parking `v` when its SQL fails; a lost connection still ends the pass."""
         try:
             result = step(v)
         except psycopg.Error as err:
-            if _connection_lost(self._claim_conn, self._write_conn):
+            # The database going away (OperationalError: restart, network) is the whole
+            # worker's problem, not this vectorizer's: the caller reconnects.
+            if (isinstance(err, (psycopg.OperationalError, psycopg.InterfaceError))
+                    or _connection_lost(self._claim_conn, self._write_conn)):
                 raise
             self._park(v, err)
             return 0
