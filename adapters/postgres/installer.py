@@ -5,7 +5,8 @@ order, each once, recorded in `fern.migrations`, all under one advisory lock so 
 concurrent installs are safe. Optional features that need more than SQL (the synchronous
 `fern.embed()` over dblink, which needs the sidecar's endpoint and secret) are installed by
 their own module's `install()`, called from here when asked, and may record their own
-migrations through `apply_migrations`.
+migrations through `apply_migrations`. `grant_worker` gives a role exactly the privileges a
+worker needs (docs/postgres-privileges.md), so workers need not run as the tables' owner.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from importlib import resources
 from typing import Iterable
 
 import psycopg
+from psycopg import sql
 
 _MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 # Any constant works; it only has to be the same for every installer.
 _INSTALL_LOCK = 0x6665726E  # "fern"
+# Migrations after which every vectorizer's trigger functions are generated again.
+_REFRESH_TRIGGERS = {"0002_guards_and_parking"}
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,10 @@ def install(conn: psycopg.Connection, *, sql_endpoint: str | None = None,
     Returns the labels of the migrations applied by this call.
     """
     applied = apply_migrations(conn, bundled_migrations())
+    if _REFRESH_TRIGGERS & set(applied):
+        from adapters.postgres.vectorizer import refresh_triggers
+
+        refresh_triggers(conn)
     if sql_endpoint:
         from adapters.postgres import embed_function
 
@@ -97,3 +105,52 @@ def is_installed(conn: psycopg.Connection) -> bool:
         return False
     done = {r[0] for r in conn.execute("SELECT version FROM fern.migrations")}
     return all(m.version in done for m in bundled_migrations())
+
+
+def worker_grants(conn: psycopg.Connection, role: str) -> list[sql.Composed]:
+    """The GRANT statements that let `role` run workers for every vectorizer there is now.
+
+    Nothing more: the fern tables' rows it reads, claims, deletes and parks; of each
+    vectorized table, SELECT on its key and source columns and UPDATE on its vector column
+    only (split mode: SELECT, INSERT, DELETE on the chunk table, and UPDATE on the key
+    columns, which PostgreSQL requires for the row lock the worker takes and which the
+    worker never writes). Run it again after creating a vectorizer.
+    """
+    from adapters.postgres.vectorizer import list_vectorizers
+
+    who = sql.Identifier(role)
+    database = conn.execute("SELECT current_database()").fetchone()[0]
+    out = [sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(database), who),
+           sql.SQL("GRANT USAGE ON SCHEMA fern TO {}").format(who),
+           sql.SQL("GRANT SELECT ON fern.migrations, fern.vectorizers, fern.status TO {}")
+           .format(who),
+           sql.SQL("GRANT UPDATE (parked_error, parked_at) ON fern.vectorizers TO {}").format(who),
+           sql.SQL("GRANT SELECT, UPDATE, DELETE ON fern.queue TO {}").format(who),
+           sql.SQL("GRANT SELECT, INSERT ON fern.failed TO {}").format(who),
+           sql.SQL("GRANT USAGE ON SEQUENCE fern.failed_id_seq TO {}").format(who)]
+    schemas: list[str] = []
+    for v in list_vectorizers(conn):
+        if v.table_schema not in schemas:
+            schemas.append(v.table_schema)
+            out.append(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+                sql.Identifier(v.table_schema), who))
+        readable = list(dict.fromkeys([*v.key_columns, *v.source_columns]))
+        out.append(sql.SQL("GRANT SELECT ({}) ON {} TO {}").format(
+            sql.SQL(", ").join(map(sql.Identifier, readable)), v.table, who))
+        if v.chunking == "split":
+            out.append(sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(
+                sql.SQL(", ").join(map(sql.Identifier, v.key_columns)), v.table, who))
+            out.append(sql.SQL("GRANT SELECT, INSERT, DELETE ON {} TO {}").format(v.chunks, who))
+        else:
+            out.append(sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(
+                sql.Identifier(v.target_column), v.table, who))
+    return out
+
+
+def grant_worker(conn: psycopg.Connection, role: str) -> list[str]:
+    """Run `worker_grants(conn, role)` in one transaction; returns the statements as run."""
+    statements = worker_grants(conn, role)
+    with conn.transaction():
+        for statement in statements:
+            conn.execute(statement)
+    return [statement.as_string(conn) for statement in statements]

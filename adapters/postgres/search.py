@@ -3,6 +3,9 @@
 Hybrid search fuses pgvector's nearest neighbours (HNSW) with PostgreSQL full-text
 matches (GIN over the vectorizer's generated tsvector, ranked by ts_rank_cd) by
 reciprocal rank fusion: score = sum over both lists of 1 / (rrf_k + rank).
+The query keeps psycopg's `%s` placeholders (the caller's `where` uses them), so every
+name in it has its `%` doubled first (`_placeholder_safe`): a table called `growth_%` is
+never read as a placeholder.
 """
 
 from __future__ import annotations
@@ -29,6 +32,16 @@ _TSQUERY_ALL = sql.SQL("websearch_to_tsquery(%s::regconfig, %s)")
 _TSQUERY_ANY = sql.SQL(
     "(SELECT CASE WHEN strpos(w::text, '!') > 0 THEN w ELSE replace(w::text, ' & ', ' | ')::tsquery END"
     " FROM websearch_to_tsquery(%s::regconfig, %s) AS w)")
+
+
+def _placeholder_safe(query: sql.Composable, conn: psycopg.Connection) -> sql.Composable:
+    """`query` with `%` doubled inside every identifier and literal, so psycopg reads only
+    the placeholders of its SQL parts as placeholders."""
+    if isinstance(query, sql.Composed):
+        return sql.Composed([_placeholder_safe(part, conn) for part in query])
+    if isinstance(query, (sql.Identifier, sql.Literal)):
+        return sql.SQL(query.as_string(conn).replace("%", "%%"))
+    return query
 
 
 @dataclass(frozen=True)
@@ -143,7 +156,7 @@ def search(conn: psycopg.Connection | ConnectionPool, table: str | tuple[str, st
                                                  table=v.table)
         args += [*vec_args, k]
         with conn.cursor(row_factory=dict_row) as cur:
-            rows = cur.execute(query, args).fetchall()
+            rows = cur.execute(_placeholder_safe(query, conn), args).fetchall()
         hits = []
         for r in rows:
             d = float(r.pop("d"))
@@ -171,7 +184,7 @@ def search(conn: psycopg.Connection | ConnectionPool, table: str | tuple[str, st
         cols=select_cols, tsquery=_TSQUERY_ALL if text_match == "all" else _TSQUERY_ANY)
     args += [v.language or "english", text, *vec_args, *params, candidates, rrf_k, rrf_k, k]
     with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(query, args).fetchall()
+        rows = cur.execute(_placeholder_safe(query, conn), args).fetchall()
     hits = []
     for r in rows:
         score = float(r.pop("score"))

@@ -4,6 +4,10 @@
 an HNSW index, generates trigger functions that enqueue row keys in `fern.queue` and
 NOTIFY the workers (INSERT; UPDATE only when a source column really changed;
 DELETE/TRUNCATE where chunk rows must go), and enqueues every existing row (backfill).
+An UPDATE of a key column enqueues the row under its new key; entries queued under the old
+key find no row and are dropped by the worker. The trigger functions are SECURITY DEFINER,
+executable by no one but their owner, and refuse to run on any table but their
+vectorizer's, so a role that may attach triggers to a table of its own cannot fire them.
 `alter_vectorizer(model=...)` starts a zero-downtime model change: a shadow vectorizer
 fills a new column in the background; a worker swaps it in when it is complete.
 
@@ -13,7 +17,9 @@ Every name that comes from a user reaches SQL through `psycopg.sql.Identifier` (
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import TYPE_CHECKING, Sequence
 
 import psycopg
@@ -64,6 +70,10 @@ class Vectorizer:
     language: str | None
     generation: int
     replaces: int | None
+    tsv_created: bool = False
+    # Set while the vectorizer's SQL fails and workers skip it (see worker.py).
+    parked_error: str | None = field(default=None, compare=False)
+    parked_at: datetime | None = field(default=None, compare=False)
     backfilled: int = field(default=0, compare=False)
 
     @property
@@ -216,11 +226,16 @@ def _primary_key(conn: psycopg.Connection, schema: str, table: str) -> list[tupl
 
 
 def _index_name(*parts: str) -> str:
-    """A readable index/table name; PostgreSQL would silently cut one over 63 bytes."""
+    """A readable index/table name that stays unique: PostgreSQL would silently cut one over
+    63 bytes, and two long names cut alike (a table's HNSW and GIN indexes) would collide,
+    so a long one is cut shorter and ends with a hash of the whole."""
     name = "_".join(parts)
-    while len(name.encode()) > _PG_NAME_MAX:
+    if len(name.encode()) <= _PG_NAME_MAX:
+        return name
+    digest = hashlib.md5(name.encode()).hexdigest()[:8]
+    while len(name.encode()) > _PG_NAME_MAX - len(digest) - 1:
         name = name[:-1]
-    return name
+    return f"{name}_{digest}"
 
 
 def _has_index_on(conn: psycopg.Connection, schema: str, table: str, column: str,
@@ -261,14 +276,32 @@ def _trigger_name(v_id: int, kind: str) -> sql.Identifier:
     return sql.Identifier(f"fern_vectorizer_{v_id}_{kind}")
 
 
+# First statement of every trigger function: it acts for one vectorizer, so it runs only on
+# that vectorizer's table (the catalog says which), whoever attached it elsewhere.
+_GUARD = sql.SQL("""IF NOT EXISTS (SELECT 1 FROM fern.vectorizers
+                    WHERE id = {id} AND table_schema = TG_TABLE_SCHEMA
+                      AND table_name = TG_TABLE_NAME) THEN
+    RAISE EXCEPTION 'fern: % fired on %.%, which is not the table of vectorizer {id}',
+        TG_NAME, quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME)
+        USING ERRCODE = 'insufficient_privilege';
+END IF;""")
+
+
 def _create_function(conn: psycopg.Connection, v_id: int, kind: str,
                      body: sql.Composable) -> sql.Identifier:
-    """A SECURITY DEFINER trigger function, so any role that may write the table may enqueue."""
+    """A SECURITY DEFINER trigger function, so any role that may write the table may enqueue.
+
+    PostgreSQL checks EXECUTE when a trigger is created, not when it fires: revoking it from
+    PUBLIC stops other roles attaching the function to their tables, while every writer of
+    the vectorizer's table still fires it.
+    """
     name = _function_name(v_id, kind)
-    source = sql.SQL("BEGIN\n{}\nRETURN NULL;\nEND").format(body).as_string(conn)
+    source = sql.SQL("BEGIN\n{}\n{}\nRETURN NULL;\nEND").format(
+        _GUARD.format(id=sql.Literal(v_id)), body).as_string(conn)
     conn.execute(sql.SQL("""CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql
                             SECURITY DEFINER SET search_path = pg_catalog, pg_temp
                             AS {}""").format(name, sql.Literal(source)))
+    conn.execute(sql.SQL("REVOKE ALL ON FUNCTION {}() FROM PUBLIC").format(name))
     return name
 
 
@@ -285,18 +318,22 @@ def _install_triggers(conn: psycopg.Connection, v: Vectorizer) -> None:
 
     changed = [sql.SQL("OLD.{c} IS DISTINCT FROM NEW.{c}").format(c=sql.Identifier(c))
                for c in v.source_columns]
-    update_cols = list(v.source_columns)
+    # A key change moves the row to another key: it is queued under the new one (what was
+    # queued under the old key finds no row and is dropped), so a row re-keyed before its
+    # embedding was written still gets one. Old entries are not deleted here: in
+    # `SET id = id + 1` another row may already hold the old key.
+    key_changed = sql.SQL(" OR ").join(
+        sql.SQL("OLD.{c} IS DISTINCT FROM NEW.{c}").format(c=sql.Identifier(k))
+        for k in v.key_columns)
+    changed.append(key_changed)
+    update_cols = list(v.source_columns) + [k for k in v.key_columns
+                                            if k not in v.source_columns]
     body = sql.SQL("INSERT INTO fern.queue (vectorizer_id, row_key) VALUES ({}, {});").format(
         sql.Literal(v.id), sql.SQL("jsonb_build_array({})").format(
             sql.SQL(", ").join(sql.SQL("NEW.{}").format(sql.Identifier(k))
                                for k in v.key_columns)))
     if v.chunking == "split":
-        # A key change moves the text to another key: its old chunks must go.
-        key_changed = sql.SQL(" OR ").join(
-            sql.SQL("OLD.{c} IS DISTINCT FROM NEW.{c}").format(c=sql.Identifier(k))
-            for k in v.key_columns)
-        changed.append(key_changed)
-        update_cols += [k for k in v.key_columns if k not in update_cols]
+        # The old key's chunks must go with it.
         body = sql.SQL("IF {kc} THEN DELETE FROM {chunks} c WHERE {match}; END IF;\n").format(
             kc=key_changed, chunks=v.chunks, match=sql.SQL(" AND ").join(
                 sql.SQL("c.{k} = OLD.{k}").format(k=sql.Identifier(k)) for k in v.key_columns)
@@ -331,6 +368,34 @@ def _drop_triggers(conn: psycopg.Connection, v: Vectorizer) -> None:
         conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(_function_name(v.id, kind)))
 
 
+def refresh_triggers(conn: psycopg.Connection) -> int:
+    """Regenerate every vectorizer's triggers and functions with this version's protocol.
+
+    Run by the installer after a migration that changes what the triggers do. Triggers that
+    use a Fern trigger function on a table other than its vectorizer's (attached while the
+    functions were executable by PUBLIC) are dropped. Returns how many vectorizers.
+    """
+    vectorizers = list_vectorizers(conn)
+    with conn.transaction():
+        foreign = conn.execute(
+            """SELECT t.tgname, t.tgrelid::regclass::text FROM pg_trigger t
+                 JOIN pg_proc p ON p.oid = t.tgfoid
+                WHERE p.pronamespace = 'fern'::regnamespace
+                  AND p.proname ~ '^vectorizer_[0-9]+_'
+                  AND NOT EXISTS (
+                      SELECT 1 FROM fern.vectorizers v
+                       WHERE p.proname ~ ('^vectorizer_' || v.id || '_')
+                         AND t.tgrelid = to_regclass(format('%I.%I', v.table_schema,
+                                                            v.table_name)))""").fetchall()
+        for trigger, table in foreign:
+            conn.execute(sql.SQL("DROP TRIGGER {} ON {}").format(sql.Identifier(trigger),
+                                                                 sql.SQL(table)))
+        for v in vectorizers:
+            _drop_triggers(conn, v)
+            _install_triggers(conn, v)
+    return len(vectorizers)
+
+
 def _create_chunk_table(conn: psycopg.Connection, v_schema: str, chunk_table: str,
                         keys: list[tuple[str, str]], target: str, dimensions: int,
                         distance: str) -> None:
@@ -348,9 +413,11 @@ def _create_chunk_table(conn: psycopg.Connection, v_schema: str, chunk_table: st
 
 
 def _ensure_tsvector(conn: psycopg.Connection, v_table: sql.Identifier, schema: str, name: str,
-                     tsv_column: str, template: Template, language: str) -> None:
+                     tsv_column: str, template: Template, language: str) -> bool:
+    """Add the generated tsvector column (unless there) and its GIN index; True when added."""
     columns = _table_columns(conn, schema, name)
-    if tsv_column not in columns:
+    created = tsv_column not in columns
+    if created:
         conn.execute(sql.SQL("""ALTER TABLE {} ADD COLUMN {} tsvector
                                 GENERATED ALWAYS AS (to_tsvector({}::regconfig, {})) STORED""").format(
             v_table, sql.Identifier(tsv_column), sql.Literal(language),
@@ -362,6 +429,7 @@ def _ensure_tsvector(conn: psycopg.Connection, v_table: sql.Identifier, schema: 
         conn.execute(sql.SQL("CREATE INDEX {} ON {} USING gin ({})").format(
             sql.Identifier(_index_name(name, tsv_column, "gin")), v_table,
             sql.Identifier(tsv_column)))
+    return created
 
 
 def _model_info(client: FernClient | None, model: str) -> ModelInfo:
@@ -462,23 +530,24 @@ def create_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str],
                                   distance)
         if hybrid:
             tsv_column = tsv_column or f"{target_column}_tsv"
-            _ensure_tsvector(conn, t_ident, schema, name, tsv_column, template, language)
+            tsv_created = _ensure_tsvector(conn, t_ident, schema, name, tsv_column, template,
+                                           language)
         else:
-            tsv_column = None
+            tsv_column, tsv_created = None, False
         with conn.cursor(row_factory=dict_row) as cur:
             cur.execute(
                 """INSERT INTO fern.vectorizers (table_schema, table_name, target_column,
                        key_columns, key_types, source_columns, template, model, dimensions,
                        max_tokens, distance, prompt, chunking, chunk_table, chunk_tokens,
-                       chunk_overlap, hybrid, tsv_column, language)
+                       chunk_overlap, hybrid, tsv_column, language, tsv_created)
                    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
-                           %s, %s, %s) RETURNING *""",
+                           %s, %s, %s, %s) RETURNING *""",
                 (schema, name, target_column, [k for k, _ in keys], [t for _, t in keys],
                  template.columns, template.source, info.name, info.dimensions,
                  info.max_tokens, distance, prompt, chunking, chunk_table,
                  chunk_tokens if chunking == "split" else None,
                  chunk_overlap if chunking == "split" else None, hybrid, tsv_column,
-                 language if hybrid else None))
+                 language if hybrid else None, tsv_created))
             v = _from_row(cur.fetchone())
         _install_triggers(conn, v)
         queued = backfill(conn, v) if do_backfill else 0
@@ -489,7 +558,9 @@ def drop_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str],
                     target_column: str | None = None, *, drop_column: bool = False) -> None:
     """Remove a vectorizer's triggers, queue and failed items (and its shadow, if any).
 
-    The vector column (or chunk table) stays unless `drop_column`.
+    The vector column (or chunk table) stays unless `drop_column`, which also drops the
+    hybrid tsvector column Fern added (its GIN index goes with it) or, when the column was
+    the caller's own, only the GIN index Fern built on it.
     """
     v = get_vectorizer(conn, table, target_column)
     with conn.transaction():
@@ -504,6 +575,13 @@ def drop_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str],
 
 
 def _drop_target(conn: psycopg.Connection, v: Vectorizer) -> None:
+    if v.tsv_column is not None:
+        if v.tsv_created:
+            conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN IF EXISTS {}").format(
+                v.table, sql.Identifier(v.tsv_column)))
+        else:
+            conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(
+                v.table_schema, _index_name(v.table_name, v.tsv_column, "gin"))))
     if v.chunking == "split":
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(v.chunks))
     else:

@@ -13,7 +13,14 @@ embedded for (a model change swapped in between).
 
 Transient sidecar errors (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ...) release
 the claims and retry with exponential backoff; inputs the sidecar rejects
-(INVALID_ARGUMENT) go to `fern.failed` with the error text.
+(INVALID_ARGUMENT) go to `fern.failed` with the error text. A vectorizer whose own SQL
+fails (a source column renamed, a privilege missing) is parked: its claims are released,
+its error is recorded on it (fern.status shows it), and the worker goes on with the others,
+trying the parked one again after `park_retry` seconds.
+
+Every statement that names a user's table or column is composed with `psycopg.sql` and
+sent through a RawCursor with `$n` parameters, so nothing in a name (`%`, `%(x)s`, `$1`)
+is ever read as a placeholder.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterator
 
 import grpc
 import numpy as np
@@ -62,6 +70,8 @@ class WorkerConfig:
     progress: bool = False
     # A stream's pass ends after this many batches so other vectorizers get their turn.
     max_batches_per_pass: int = 10_000
+    # How long a vectorizer whose SQL failed is skipped before it is tried again.
+    park_retry: float = 60.0
 
 
 @dataclass
@@ -99,6 +109,7 @@ class WorkerStats:
     rows_failed: int = 0
     batches: int = 0
     transient_errors: int = 0
+    vectorizers_parked: int = 0
     claimed_ids: list[int] = field(default_factory=list)
     record_claims: bool = False
 
@@ -133,6 +144,17 @@ class _Progress:
     def close(self) -> None:
         if self.enabled and self.done:
             sys.stderr.write("\n")
+
+
+def _raw(conn: psycopg.Connection, query: sql.Composable, params: list) -> psycopg.RawCursor:
+    """Run `query` with `$n` parameters; no client-side placeholder parsing happens at all."""
+    cur = psycopg.RawCursor(conn)
+    cur.execute(query, params)
+    return cur
+
+
+def _connection_lost(*conns: psycopg.Connection | None) -> bool:
+    return any(c is None or c.closed or c.broken for c in conns)
 
 
 def _key_id(key: list) -> str:
@@ -213,8 +235,12 @@ class Worker:
             self.client.close()
 
     def _queue_empty(self) -> bool:
+        """True when nothing is queued but the rows of parked vectorizers."""
         assert self._write_conn is not None
-        return self._write_conn.execute("SELECT NOT EXISTS (SELECT 1 FROM fern.queue)").fetchone()[0]
+        return self._write_conn.execute(
+            """SELECT NOT EXISTS (SELECT 1 FROM fern.queue q JOIN fern.vectorizers v
+                                      ON v.id = q.vectorizer_id WHERE v.parked_at IS NULL)"""
+        ).fetchone()[0]
 
     # ----- one pass over every vectorizer with claimable work -----
 
@@ -224,31 +250,76 @@ class Worker:
         vectorizers = {v.id: v for v in list_vectorizers(self._write_conn)}
         ids = [r[0] for r in self._write_conn.execute(
             """SELECT DISTINCT q.vectorizer_id FROM fern.queue q
+                 JOIN fern.vectorizers v ON v.id = q.vectorizer_id
                 WHERE (q.not_before IS NULL OR q.not_before <= now())
+                  AND (v.parked_at IS NULL
+                       OR v.parked_at <= now() - make_interval(secs => %s))
                   AND (q.claimed_by IS NULL OR q.claimed_by NOT IN
-                       (SELECT a.pid FROM pg_stat_activity a WHERE a.pid IS NOT NULL))""")]
+                       (SELECT a.pid FROM pg_stat_activity a WHERE a.pid IS NOT NULL))""",
+            (self.config.park_retry,))]
         done = 0
         for vid in sorted(ids):
             if self._stopping.is_set():
                 break
             if vid in vectorizers:
-                done += self._process(vectorizers[vid])
+                done += self._guarded(vectorizers[vid], self._process)
         for v in vectorizers.values():
-            if v.replaces is None or self._stopping.is_set():
+            if v.replaces is None or self._stopping.is_set() or self._parked_now(v):
                 continue
             busy = self._write_conn.execute(
                 "SELECT EXISTS (SELECT 1 FROM fern.queue WHERE vectorizer_id = %s)", (v.id,))
             if not busy.fetchone()[0]:
-                if swap_if_ready(self._write_conn, v):
+                if self._guarded(v, self._swap):
                     log.info("model change of %s.%s to %s swapped in", v.qualified_table,
                              v.target_column, v.model)
         return done
+
+    def _parked_now(self, v: Vectorizer) -> bool:
+        if v.parked_at is None:
+            return False
+        return (datetime.now(timezone.utc) - v.parked_at).total_seconds() < self.config.park_retry
+
+    def _swap(self, v: Vectorizer) -> int:
+        assert self._write_conn is not None
+        return int(swap_if_ready(self._write_conn, v))
+
+    def _guarded(self, v: Vectorizer, step: Callable[[Vectorizer], int]) -> int:
+        """`step(v)`, parking `v` when its SQL fails; a lost connection still ends the pass."""
+        try:
+            result = step(v)
+        except psycopg.Error as err:
+            # The database going away (OperationalError: restart, network) is the whole
+            # worker's problem, not this vectorizer's: the caller reconnects.
+            if (isinstance(err, (psycopg.OperationalError, psycopg.InterfaceError))
+                    or _connection_lost(self._claim_conn, self._write_conn)):
+                raise
+            self._park(v, err)
+            return 0
+        if v.parked_at is not None:
+            assert self._write_conn is not None
+            self._write_conn.execute("UPDATE fern.vectorizers SET parked_error = NULL, "
+                                     "parked_at = NULL WHERE id = %s", (v.id,))
+            log.info("%s.%s works again; no longer parked", v.qualified_table, v.target_column)
+        return result
+
+    def _park(self, v: Vectorizer, err: psycopg.Error) -> None:
+        """Record `err` on `v` and free its claims; the other vectorizers go on."""
+        assert self._write_conn is not None
+        message = f"{type(err).__name__}: {str(err).strip()}"
+        self._release_mine(message)
+        self._write_conn.execute("UPDATE fern.vectorizers SET parked_error = %s, parked_at = now() "
+                                 "WHERE id = %s", (message, v.id))
+        self.stats.vectorizers_parked += 1
+        log.error("%s.%s parked for %gs (its other rows wait; the other vectorizers go on): %s",
+                  v.qualified_table, v.target_column, self.config.park_retry, message)
 
     def _process(self, v: Vectorizer) -> int:
         """Stream every claimable batch of `v` through the sidecar; returns rows handled."""
         inflight: dict[str, _Batch] = {}
         empty: deque[_Batch] = deque()
         stream = {"open": True}
+        # A claim that failed in SQL on gRPC's request thread, raised again on this one.
+        claim_error: list[psycopg.Error] = []
         handled = 0
 
         def requests() -> Iterator[tuple[str, list[str]]]:
@@ -259,7 +330,11 @@ class Worker:
                 with self._claim_lock:
                     if not stream["open"]:
                         return
-                    batch = self._claim(v)
+                    try:
+                        batch = self._claim(v)
+                    except psycopg.Error as err:
+                        claim_error.append(err)
+                        return
                 if batch is None:
                     return
                 n += 1
@@ -283,7 +358,10 @@ class Worker:
             try:
                 first = next(gen)
             except StopIteration:
-                return flush_empty()
+                handled = flush_empty()
+                if claim_error:
+                    raise claim_error[0]
+                return handled
 
             def chained() -> Iterator[tuple[str, list[str]]]:
                 yield first
@@ -299,6 +377,8 @@ class Worker:
                 assert result.embeddings is not None
                 handled += self._write(batch, self._finish_chunks(batch, result.embeddings))
             handled += flush_empty()
+            if claim_error:
+                raise claim_error[0]
             self._backoff = 0.0
         except FernError as err:
             with self._claim_lock:
@@ -320,20 +400,21 @@ class Worker:
         query = sql.SQL("""
             WITH c AS (
                 SELECT q.id FROM fern.queue q
-                 WHERE q.vectorizer_id = %(vid)s
+                 WHERE q.vectorizer_id = $1
                    AND (q.not_before IS NULL OR q.not_before <= now())
                    AND (q.claimed_by IS NULL OR q.claimed_by NOT IN
                         (SELECT a.pid FROM pg_stat_activity a WHERE a.pid IS NOT NULL))
-                 ORDER BY q.id LIMIT %(n)s FOR UPDATE SKIP LOCKED),
+                 ORDER BY q.id LIMIT $2 FOR UPDATE SKIP LOCKED),
             u AS (
                 UPDATE fern.queue q SET claimed_by = pg_backend_pid(), claimed_at = now(),
                        attempts = q.attempts + 1
                   FROM c WHERE q.id = c.id RETURNING q.id, q.row_key)
-            SELECT u.id, u.row_key, t.ctid IS NOT NULL, {text}, md5({text})
+            SELECT u.id, u.row_key, t.{key} IS NOT NULL, {text}, md5({text})
               FROM u LEFT JOIN {table} t ON {match} ORDER BY u.id""").format(
+            key=sql.Identifier(v.key_columns[0]),  # a primary key column: NULL only when no row
             text=v.text_sql("t"), table=v.table, match=v.key_match_sql("t", sql.SQL("u.row_key")))
         with self._claim_lock:
-            rows = self._claim_conn.execute(query, {"vid": v.id, "n": self.config.batch_size}).fetchall()
+            rows = _raw(self._claim_conn, query, [v.id, self.config.batch_size]).fetchall()
         if not rows:
             return None
         by_key: dict[str, _Item] = {}
@@ -444,13 +525,13 @@ class Worker:
         keys = [json.dumps(it.key) for it in present]
         hashes = [it.text_hash for it in present]
         vecs = [by_item.get(n) for n, it in enumerate(batch.items) if it.present]
-        cur = conn.execute(sql.SQL(
+        cur = _raw(conn, sql.SQL(
             """UPDATE {table} t SET {col} = u.v
-                 FROM unnest(%s::jsonb[], %s::text[], %b::vector[]) AS u(k, h, v)
+                 FROM unnest($1::jsonb[], $2::text[], $3::vector[]) AS u(k, h, v)
                 WHERE {match} AND md5({text}) = u.h""").format(
             table=v.table, col=sql.Identifier(v.target_column),
             match=v.key_match_sql("t", sql.SQL("u.k")), text=v.text_sql("t")),
-            (keys, hashes, vecs))
+            [keys, hashes, vecs])
         return cur.rowcount
 
     def _write_chunks(self, conn: psycopg.Connection, batch: _Batch, present: list[_Item],
@@ -462,12 +543,12 @@ class Worker:
         hashes = [it.text_hash for it in present]
         # Lock the parents whose text is still what was embedded; the rest were updated
         # meanwhile and are queued again.
-        current = conn.execute(sql.SQL(
+        current = _raw(conn, sql.SQL(
             """SELECT u.k FROM {table} t
-                 JOIN unnest(%s::jsonb[], %s::text[]) AS u(k, h) ON {match}
+                 JOIN unnest($1::jsonb[], $2::text[]) AS u(k, h) ON {match}
                 WHERE md5({text}) = u.h FOR NO KEY UPDATE OF t""").format(
             table=v.table, match=v.key_match_sql("t", sql.SQL("u.k")), text=v.text_sql("t")),
-            (keys, hashes)).fetchall()
+            [keys, hashes]).fetchall()
         fresh = {_key_id(r[0]) for r in current}
         if not fresh:
             return 0
@@ -475,10 +556,10 @@ class Worker:
         # not once per chunk.
         fresh_keys = {n: json.dumps(it.key) for n, it in enumerate(batch.items)
                       if it.present and _key_id(it.key) in fresh}
-        conn.execute(sql.SQL("DELETE FROM {chunks} c USING unnest(%s::jsonb[]) AS u(k) "
-                             "WHERE {match}").format(
+        _raw(conn, sql.SQL("DELETE FROM {chunks} c USING unnest($1::jsonb[]) AS u(k) "
+                           "WHERE {match}").format(
             chunks=v.chunks, match=v.key_match_sql("c", sql.SQL("u.k"))),
-            (list(fresh_keys.values()),))
+            [list(fresh_keys.values())])
         if vectors is not None and len(batch.texts):
             c_keys, c_idx, c_text, c_vec = [], [], [], []
             next_index: dict[int, int] = {}
@@ -494,13 +575,13 @@ class Worker:
             key_vals = sql.SQL(", ").join(
                 sql.SQL("(u.k ->> {})::{}").format(sql.Literal(n), sql.SQL(t))
                 for n, t in enumerate(v.key_types))
-            conn.execute(sql.SQL(
+            _raw(conn, sql.SQL(
                 """INSERT INTO {chunks} ({keys}, chunk_index, chunk_text, {col})
                    SELECT {vals}, u.i, u.txt, u.v
-                     FROM unnest(%s::jsonb[], %s::int[], %s::text[], %b::vector[])
+                     FROM unnest($1::jsonb[], $2::int[], $3::text[], $4::vector[])
                           AS u(k, i, txt, v)""").format(
                 chunks=v.chunks, keys=key_cols, col=sql.Identifier(v.target_column),
-                vals=key_vals), (c_keys, c_idx, c_text, c_vec))
+                vals=key_vals), [c_keys, c_idx, c_text, c_vec])
         return len(fresh)
 
     def _remaining(self) -> int | None:

@@ -30,7 +30,7 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-def fetch_vectors(conn, query: str, params=()) -> tuple[list, np.ndarray]:
+def fetch_vectors(conn, query, params=None) -> tuple[list, np.ndarray]:
     """(first column values, the second column's vectors stacked) of a query."""
     rows = conn.execute(query, params).fetchall()
     keys = [r[0] for r in rows]
