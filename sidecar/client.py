@@ -64,6 +64,53 @@ class FernError(Exception):
         return cls(code, details or code.name, _index_from_metadata(err))
 
 
+class InvalidRequest(FernError, ValueError):
+    """A request the client refuses before sending it (INVALID_ARGUMENT, naming the input):
+    a value the wire cannot carry, such as a negative `dimensions` or a token id over 2**32."""
+
+    def __init__(self, message: str, index: int | None = None):
+        super().__init__(grpc.StatusCode.INVALID_ARGUMENT, message, index)
+
+
+_UINT32_MAX = 2**32 - 1
+
+
+def _check_uint32(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidRequest(f"{name}: expected an integer, got {type(value).__name__} {value!r}")
+    if not 0 <= value <= _UINT32_MAX:
+        raise InvalidRequest(f"{name}: {value} is out of range (0..{_UINT32_MAX})")
+
+
+def _located(field_name: str, items: Sequence, check) -> InvalidRequest:
+    """The InvalidRequest naming the first of `items` that `check` refuses (protobuf said one is bad)."""
+    for i, item in enumerate(items):
+        try:
+            check(item)
+        except (TypeError, ValueError) as error:
+            return InvalidRequest(f"{field_name}[{i}]: {error}", i)
+    return InvalidRequest(f"{field_name}: not a sequence the request can carry")
+
+
+def _check_ids(ids) -> None:
+    if isinstance(ids, (str, bytes)):
+        raise TypeError(f"expected a sequence of token ids, got {type(ids).__name__}")
+    for k, token in enumerate(ids):
+        try:
+            _check_uint32("token id", token)
+        except InvalidRequest as error:
+            raise ValueError(f"position {k}: {error.message}") from None
+
+
+def _check_text(text) -> None:
+    if not isinstance(text, str):
+        raise TypeError(f"expected str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"a lone surrogate at position {error.start}, which UTF-8 cannot carry") from None
+
+
 @dataclass(frozen=True)
 class SparseVector:
     """A sparse lexical vector: token ids and BM25-style saturated term frequencies."""
@@ -134,18 +181,26 @@ class EmbedOptions:
         req = pb.EmbedRequest(request_id=request_id)
         req.MergeFrom(self._options_message)
         if texts is not None:
-            req.texts.extend(texts)
+            try:
+                req.texts.extend(texts)
+            except (TypeError, ValueError):  # protobuf's own message names no input
+                raise _located("texts", list(texts), _check_text) from None
         if token_ids is not None:
-            req.token_ids.extend(pb.TokenIds(ids=list(ids)) for ids in token_ids)
+            try:
+                req.token_ids.extend(pb.TokenIds(ids=list(ids)) for ids in token_ids)
+            except (TypeError, ValueError):
+                raise _located("token_ids", list(token_ids), _check_ids) from None
         return req
 
     @functools.cached_property
     def _options_message(self) -> pb.EmbedRequest:
         """These options as a request with no inputs: checked and built once, merged into each request."""
         if self.lane not in _LANES:
-            raise ValueError(f"lane must be one of {sorted(_LANES)}, got {self.lane!r}")
+            raise InvalidRequest(f"lane must be one of {sorted(_LANES)}, got {self.lane!r}")
         if self.encoding not in _ENCODINGS:
-            raise ValueError(f"encoding must be one of {sorted(_ENCODINGS)}, got {self.encoding!r}")
+            raise InvalidRequest(f"encoding must be one of {sorted(_ENCODINGS)}, got {self.encoding!r}")
+        # The sidecar checks it against the model; here only what the wire (uint32) cannot carry.
+        _check_uint32("dimensions", self.dimensions)
         req = pb.EmbedRequest(
             model=self.model,
             lane=_LANES[self.lane],

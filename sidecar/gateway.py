@@ -16,6 +16,7 @@ flows through bounded queues instead of failing half way.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +38,12 @@ CHUNK_TEXTS = 256
 # Prompt names every model accepts: where the model defines no such prompt, they add no text,
 # so callers (adapters) can always say what the input is without knowing the model.
 GENERIC_PROMPTS = ("query", "passage", "document")
+# A character a text must hold to be embedded: anything but whitespace, control characters and
+# the invisible format characters (soft hyphen, zero-width space and joiners, bidi marks, BOM,
+# tags). A text of only those carries nothing to embed: every such text would get the same
+# vector (the tokenizer drops them all), so like "" it is refused rather than indexed as noise.
+_VISIBLE = re.compile("[^\\s\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u200b-\u200f\u202a-\u202e"
+                      "\u2060-\u2064\u2066-\u206f\ufeff\U000e0001\U000e0020-\U000e007f]").search
 # UNAVAILABLE's message once the sidecar drains, whether the gateway or the scheduler saw it first.
 DRAINING = "the sidecar is draining for shutdown; retry on another replica"
 
@@ -137,6 +144,9 @@ class Gateway:
             for i, text in enumerate(texts):
                 if not text:
                     raise invalid_argument(f"texts[{i}]: empty text", i)
+                if _VISIBLE(text) is None:
+                    raise invalid_argument(f"texts[{i}]: empty text (only whitespace, control or "
+                                           "zero-width characters)", i)
             prompt = self._prompt_text(params.prompt_name, spec)
             templated = [prompt + t for t in texts] if prompt else list(texts)
             dense = tokenizer.encode_async(templated, truncate=params.truncate)
