@@ -6,8 +6,10 @@ database host without torch.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
@@ -35,6 +37,12 @@ _CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", _RECONNECT_BACKOFF_MS),
 )
+
+# Calls one client has in flight at once; more wait in the client for a free slot. A burst of
+# thousands of calls then reaches the sidecar as a steady queue instead of all at once (each
+# pending call costs memory on both sides). Set `client.max_in_flight` before the first call
+# to change it; None lifts the bound.
+DEFAULT_MAX_IN_FLIGHT = 512
 
 _LANES = {"online": pb.LANE_ONLINE, "batch": pb.LANE_BATCH}
 _ENCODINGS = {
@@ -317,7 +325,24 @@ def _auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
 
 
 class FernClient:
-    """Blocking client. `FernClient()` talks to $FERN_TARGET or 127.0.0.1:50051."""
+    """Blocking client. `FernClient()` talks to $FERN_TARGET or 127.0.0.1:50051.
+
+    It is safe to share between threads; at most `max_in_flight` calls are in flight at once
+    (DEFAULT_MAX_IN_FLIGHT; None: no bound), the others wait their turn in the client.
+    """
+
+    max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT
+    _slots: threading.BoundedSemaphore | None = None
+    _slots_lock = threading.Lock()
+
+    def _in_flight_slots(self) -> threading.BoundedSemaphore | None:
+        if self.max_in_flight is None:
+            return None
+        if self._slots is None:
+            with self._slots_lock:
+                if self._slots is None:
+                    self._slots = threading.BoundedSemaphore(self.max_in_flight)
+        return self._slots
 
     def __init__(self, target: str | None = None, *, token: str | None = None,
                  timeout: float | None = None, channel: grpc.Channel | None = None):
@@ -395,11 +420,23 @@ class FernClient:
             time.sleep(0.05)
 
     def _call(self, request: pb.EmbedRequest, timeout: float | None) -> Embeddings:
+        slots = self._in_flight_slots()
+        timeout = timeout or self.timeout
+        if slots is not None:
+            started = time.monotonic()
+            if not slots.acquire(timeout=-1 if timeout is None else timeout):
+                raise FernError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"the deadline passed while waiting for one of this client's "
+                                f"{self.max_in_flight} call slots (max_in_flight)")
+            if timeout is not None:
+                timeout = max(0.0, timeout - (time.monotonic() - started))
         try:
-            resp = self._stub.Embed(request, metadata=self._metadata,
-                                    timeout=timeout or self.timeout)
+            resp = self._stub.Embed(request, metadata=self._metadata, timeout=timeout)
         except grpc.RpcError as err:
             raise FernError.from_rpc_error(err) from None
+        finally:
+            if slots is not None:
+                slots.release()
         return decode_response(resp)
 
     def close(self) -> None:
@@ -413,7 +450,11 @@ class FernClient:
 
 
 class AsyncFernClient:
-    """asyncio client with the same methods as FernClient, awaited."""
+    """asyncio client with the same methods as FernClient, awaited; at most `max_in_flight`
+    unary calls in flight at once (DEFAULT_MAX_IN_FLIGHT; None: no bound)."""
+
+    max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT
+    _slots: asyncio.Semaphore | None = None
 
     def __init__(self, target: str | None = None, *, token: str | None = None,
                  timeout: float | None = None):
@@ -479,9 +520,28 @@ class AsyncFernClient:
         return resp.status == health_pb2.HealthCheckResponse.SERVING
 
     async def _call(self, request: pb.EmbedRequest, timeout: float | None) -> Embeddings:
+        timeout = timeout or self.timeout
+        if self.max_in_flight is None:
+            return await self._send(request, timeout)
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_in_flight)
+        started = time.monotonic()
         try:
-            resp = await self._stub.Embed(request, metadata=self._metadata,
-                                          timeout=timeout or self.timeout)
+            await asyncio.wait_for(self._slots.acquire(), timeout)
+        except TimeoutError:
+            raise FernError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                            f"the deadline passed while waiting for one of this client's "
+                            f"{self.max_in_flight} call slots (max_in_flight)") from None
+        try:
+            if timeout is not None:
+                timeout = max(0.0, timeout - (time.monotonic() - started))
+            return await self._send(request, timeout)
+        finally:
+            self._slots.release()
+
+    async def _send(self, request: pb.EmbedRequest, timeout: float | None) -> Embeddings:
+        try:
+            resp = await self._stub.Embed(request, metadata=self._metadata, timeout=timeout)
         except grpc.RpcError as err:
             raise FernError.from_rpc_error(err) from None
         return decode_response(resp)

@@ -39,6 +39,11 @@ from sidecar.wire import embedder_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
+try:  # what gRPC raises when a call's answer cannot be sent because the call has ended
+    from grpc._cython.cygrpc import ExecuteBatchError as _CallGone
+except ImportError:  # another grpcio layout: such a failure is then gRPC's to log
+    _CallGone = ()
+
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Embedder"].full_name  # "fern.v1.Embedder"
 # A request of MAX_INPUTS long texts, or a response of MAX_INPUTS 4096-dim float32 vectors
 # (128 MiB), fits; bigger jobs belong on EmbedStream.
@@ -50,6 +55,17 @@ STREAM_WINDOW = 64
 # a few ahead keeps the GPU fed from a single stream; a full lane stops further reads.
 STREAM_PREFETCH = 4
 DEFAULT_GRACE_S = 30.0
+# gRPC core holds calls that arrived before the server asked for the next one; past its
+# default backlog (1,000, rising to 3,000 with random early rejection) it cancels them with a
+# bare CANCELLED the caller never asked for. Lanes are bounded in tokens (RESOURCE_EXHAUSTED
+# naming the lane), and a connection carries at most MAX_STREAMS_PER_CONNECTION calls at once
+# (HTTP/2 flow control: more wait in the client), so the backlog is set far above anything
+# those bounds let through.
+MAX_PENDING_CALLS = 1 << 20
+MAX_STREAMS_PER_CONNECTION = 4096
+ADMISSION_OPTIONS = [("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+                     ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
+                     ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION)]
 
 _ENCODINGS = {pb.ENCODING_FLOAT32: "float32", pb.ENCODING_FLOAT16: "float16",
               pb.ENCODING_INT8: "int8", pb.ENCODING_BINARY: "binary"}
@@ -303,6 +319,8 @@ class EmbedderService(pb_grpc.EmbedderServicer):
                 await _abort(context, error)
             except Exception as error:  # anything else is our bug: say so, keep serving
                 await _abort(context, _internal(error))
+            if _ended(context):
+                raise _gone(None)
             return response_from_result(request.request_id, result)
         finally:
             self._active -= 1
@@ -377,7 +395,10 @@ class EmbedderService(pb_grpc.EmbedderServicer):
                     if item is reading_over:
                         reading = False
                         continue
-                    await context.write(item)
+                    try:
+                        await context.write(item)
+                    except _CallGone:  # the caller cancelled or its deadline passed
+                        raise _gone(None) from None
                     written_count += 1
                     window.release()
             if ended_by is not None:
@@ -410,9 +431,31 @@ class EmbedderService(pb_grpc.EmbedderServicer):
                                      default_model=self.gateway.default_model)
 
 
+def _ended(context: grpc.aio.ServicerContext) -> bool:
+    """Whether the caller can no longer hear an answer: it cancelled, or its deadline passed."""
+    remaining = context.time_remaining()
+    return context.cancelled() or (remaining is not None and remaining <= 0)
+
+
+def _gone(error: EmbedError | None) -> asyncio.CancelledError:
+    """What a handler raises for a call that ended before its answer went out: gRPC takes a
+    CancelledError as the normal end of such a call; the log gets one DEBUG line, no traceback."""
+    if error is None:
+        log.debug("call ended (cancelled, or its deadline passed) before its response was sent")
+    else:
+        log.debug("call ended (cancelled, or its deadline passed) before its status was sent: %s %s",
+                  error.code.name, error.message)
+    return asyncio.CancelledError()
+
+
 async def _abort(context: grpc.aio.ServicerContext, error: EmbedError) -> None:
     metadata = () if error.index is None else ((INPUT_INDEX_KEY, str(error.index)),)
-    await context.abort(error.code, error.message, metadata)
+    if _ended(context):
+        raise _gone(error)
+    try:
+        await context.abort(error.code, error.message, metadata)
+    except _CallGone:  # it ended while the status was being sent
+        raise _gone(error) from None
 
 
 class TokenAuth(grpc.aio.ServerInterceptor):
@@ -461,7 +504,7 @@ def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str
     """The gRPC server options a Sidecar runs with (benchmarks/grpc_floor.py measures them alone)."""
     return [("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.so_reuseport", 0)]
+            ("grpc.so_reuseport", 0), *ADMISSION_OPTIONS]
 
 
 def enable_reflection(server: grpc.aio.Server) -> None:
