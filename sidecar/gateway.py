@@ -35,6 +35,10 @@ ENCODINGS = ("float32", "float16", "int8", "binary")
 MAX_INPUTS = 8192
 # Inputs per scheduler chunk.
 CHUNK_TEXTS = 256
+# Rows of per-row Python work (sparse vectors, their response fields) done on the event loop;
+# a request with more has it done on a worker thread, so that one 8,192-text request does not
+# hold the loop (health checks, other requests' steps) for seconds.
+LOOP_ROWS = 256
 # Prompt names every model accepts: where the model defines no such prompt, they add no text,
 # so callers (adapters) can always say what the input is without knowing the model.
 GENERIC_PROMPTS = ("query", "passage", "document")
@@ -198,7 +202,10 @@ class Gateway:
         sparse = None
         if prepared.sparse_ids is not None:
             special = served.tokenizer.special_ids
-            sparse = [sparse_vector(ids, special) for ids in prepared.sparse_ids]
+            if len(prepared.sparse_ids) > LOOP_ROWS:  # ~50 us a text: off the loop, which keeps answering
+                sparse = await asyncio.to_thread(_sparse_vectors, prepared.sparse_ids, special)
+            else:
+                sparse = _sparse_vectors(prepared.sparse_ids, special)
         return EmbedResult(model=served.spec.name, vectors=vectors, dimensions=prepared.dimensions,
                            encoding=params.encoding,
                            token_counts=[len(s) for s in prepared.sequences], sparse=sparse)
@@ -280,6 +287,10 @@ class Gateway:
                 ids = tokenizer.truncate_ids(ids)
             sequences.append(ids)
         return sequences
+
+
+def _sparse_vectors(sparse_ids: list[list[int]], special: frozenset[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [sparse_vector(ids, special) for ids in sparse_ids]
 
 
 def _scheduler_error(error: Exception, lane: Lane) -> EmbedError:

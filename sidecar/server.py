@@ -31,7 +31,7 @@ from grpc_reflection.v1alpha import reflection
 
 from core_engine.config import ModelSpec
 from sidecar.errors import INPUT_INDEX_KEY, EmbedError, invalid_argument, unavailable
-from sidecar.gateway import EmbedParams, EmbedResult, Gateway
+from sidecar.gateway import LOOP_ROWS, EmbedParams, EmbedResult, Gateway
 from sidecar.registry import Registry
 from sidecar.scheduler import Lane
 from sidecar.wire import embedder_pb2 as pb
@@ -321,6 +321,8 @@ class EmbedderService(pb_grpc.EmbedderServicer):
                 await _abort(context, _internal(error))
             if _ended(context):
                 raise _gone(None)
+            if result.sparse is not None and len(result.sparse) > LOOP_ROWS:
+                return await asyncio.to_thread(response_from_result, request.request_id, result)
             return response_from_result(request.request_id, result)
         finally:
             self._active -= 1
@@ -356,7 +358,10 @@ class EmbedderService(pb_grpc.EmbedderServicer):
                     finally:
                         admitting.release()
                     result = await self.gateway.execute(prepared, wait_first=True)
-                    response = response_from_result(request.request_id, result)
+                    if result.sparse is not None and len(result.sparse) > LOOP_ROWS:
+                        response = await asyncio.to_thread(response_from_result, request.request_id, result)
+                    else:
+                        response = response_from_result(request.request_id, result)
                 except EmbedError as error:
                     response = _error_response(request.request_id, error)
                 except Exception as error:  # our bug: report it on this request, keep the stream
