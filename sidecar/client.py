@@ -6,8 +6,10 @@ database host without torch.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,12 @@ _CHANNEL_OPTIONS = (
     ("grpc.max_reconnect_backoff_ms", _RECONNECT_BACKOFF_MS),
 )
 
+# Calls one client has in flight at once; more wait in the client for a free slot. A burst of
+# thousands of calls then reaches the sidecar as a steady queue instead of all at once (each
+# pending call costs memory on both sides). Set `client.max_in_flight` before the first call
+# to change it; None lifts the bound.
+DEFAULT_MAX_IN_FLIGHT = 512
+
 _LANES = {"online": pb.LANE_ONLINE, "batch": pb.LANE_BATCH}
 _ENCODINGS = {
     "float32": pb.ENCODING_FLOAT32,
@@ -64,6 +72,53 @@ class FernError(Exception):
         code = err.code() if callable(getattr(err, "code", None)) else grpc.StatusCode.UNKNOWN
         details = err.details() if callable(getattr(err, "details", None)) else str(err)
         return cls(code, details or code.name, _index_from_metadata(err))
+
+
+class InvalidRequest(FernError, ValueError):
+    """A request the client refuses before sending it (INVALID_ARGUMENT, naming the input):
+    a value the wire cannot carry, such as a negative `dimensions` or a token id over 2**32."""
+
+    def __init__(self, message: str, index: int | None = None):
+        super().__init__(grpc.StatusCode.INVALID_ARGUMENT, message, index)
+
+
+_UINT32_MAX = 2**32 - 1
+
+
+def _check_uint32(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidRequest(f"{name}: expected an integer, got {type(value).__name__} {value!r}")
+    if not 0 <= value <= _UINT32_MAX:
+        raise InvalidRequest(f"{name}: {value} is out of range (0..{_UINT32_MAX})")
+
+
+def _located(field_name: str, items: Sequence, check) -> InvalidRequest:
+    """The InvalidRequest naming the first of `items` that `check` refuses (protobuf said one is bad)."""
+    for i, item in enumerate(items):
+        try:
+            check(item)
+        except (TypeError, ValueError) as error:
+            return InvalidRequest(f"{field_name}[{i}]: {error}", i)
+    return InvalidRequest(f"{field_name}: not a sequence the request can carry")
+
+
+def _check_ids(ids) -> None:
+    if isinstance(ids, (str, bytes)):
+        raise TypeError(f"expected a sequence of token ids, got {type(ids).__name__}")
+    for k, token in enumerate(ids):
+        try:
+            _check_uint32("token id", token)
+        except InvalidRequest as error:
+            raise ValueError(f"position {k}: {error.message}") from None
+
+
+def _check_text(text) -> None:
+    if not isinstance(text, str):
+        raise TypeError(f"expected str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"a lone surrogate at position {error.start}, which UTF-8 cannot carry") from None
 
 
 @dataclass(frozen=True)
@@ -136,18 +191,26 @@ class EmbedOptions:
         req = pb.EmbedRequest(request_id=request_id)
         req.MergeFrom(self._options_message)
         if texts is not None:
-            req.texts.extend(texts)
+            try:
+                req.texts.extend(texts)
+            except (TypeError, ValueError):  # protobuf's own message names no input
+                raise _located("texts", list(texts), _check_text) from None
         if token_ids is not None:
-            req.token_ids.extend(pb.TokenIds(ids=list(ids)) for ids in token_ids)
+            try:
+                req.token_ids.extend(pb.TokenIds(ids=list(ids)) for ids in token_ids)
+            except (TypeError, ValueError):
+                raise _located("token_ids", list(token_ids), _check_ids) from None
         return req
 
     @functools.cached_property
     def _options_message(self) -> pb.EmbedRequest:
         """These options as a request with no inputs: checked and built once, merged into each request."""
         if self.lane not in _LANES:
-            raise ValueError(f"lane must be one of {sorted(_LANES)}, got {self.lane!r}")
+            raise InvalidRequest(f"lane must be one of {sorted(_LANES)}, got {self.lane!r}")
         if self.encoding not in _ENCODINGS:
-            raise ValueError(f"encoding must be one of {sorted(_ENCODINGS)}, got {self.encoding!r}")
+            raise InvalidRequest(f"encoding must be one of {sorted(_ENCODINGS)}, got {self.encoding!r}")
+        # The sidecar checks it against the model; here only what the wire (uint32) cannot carry.
+        _check_uint32("dimensions", self.dimensions)
         req = pb.EmbedRequest(
             model=self.model,
             lane=_LANES[self.lane],
@@ -299,7 +362,23 @@ class FernClient:
     falls back to FERN_TLS_CA, FERN_TLS_CLIENT_CERT, FERN_TLS_CLIENT_KEY.
 
         FernClient("gpu-box:50051", token="…", tls_ca="ca.pem")
+
+    It is safe to share between threads; at most `max_in_flight` calls are in flight at once
+    (DEFAULT_MAX_IN_FLIGHT; None: no bound), the others wait their turn in the client.
     """
+
+    max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT
+    _slots: threading.BoundedSemaphore | None = None
+    _slots_lock = threading.Lock()
+
+    def _in_flight_slots(self) -> threading.BoundedSemaphore | None:
+        if self.max_in_flight is None:
+            return None
+        if self._slots is None:
+            with self._slots_lock:
+                if self._slots is None:
+                    self._slots = threading.BoundedSemaphore(self.max_in_flight)
+        return self._slots
 
     def __init__(self, target: str | None = None, *, token: str | None = None,
                  timeout: float | None = None, channel: grpc.Channel | None = None,
@@ -382,11 +461,23 @@ class FernClient:
             time.sleep(0.05)
 
     def _call(self, request: pb.EmbedRequest, timeout: float | None) -> Embeddings:
+        slots = self._in_flight_slots()
+        timeout = timeout or self.timeout
+        if slots is not None:
+            started = time.monotonic()
+            if not slots.acquire(timeout=-1 if timeout is None else timeout):
+                raise FernError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"the deadline passed while waiting for one of this client's "
+                                f"{self.max_in_flight} call slots (max_in_flight)")
+            if timeout is not None:
+                timeout = max(0.0, timeout - (time.monotonic() - started))
         try:
-            resp = self._stub.Embed(request, metadata=self._metadata,
-                                    timeout=timeout or self.timeout)
+            resp = self._stub.Embed(request, metadata=self._metadata, timeout=timeout)
         except grpc.RpcError as err:
             raise FernError.from_rpc_error(err) from None
+        finally:
+            if slots is not None:
+                slots.release()
         return decode_response(resp)
 
     def close(self) -> None:
@@ -400,7 +491,11 @@ class FernClient:
 
 
 class AsyncFernClient:
-    """asyncio client with the same methods as FernClient, awaited."""
+    """asyncio client with the same methods as FernClient, awaited; at most `max_in_flight`
+    unary calls in flight at once (DEFAULT_MAX_IN_FLIGHT; None: no bound)."""
+
+    max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT
+    _slots: asyncio.Semaphore | None = None
 
     def __init__(self, target: str | None = None, *, token: str | None = None,
                  timeout: float | None = None, tls: bool | None = None,
@@ -471,9 +566,28 @@ class AsyncFernClient:
         return resp.status == health_pb2.HealthCheckResponse.SERVING
 
     async def _call(self, request: pb.EmbedRequest, timeout: float | None) -> Embeddings:
+        timeout = timeout or self.timeout
+        if self.max_in_flight is None:
+            return await self._send(request, timeout)
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_in_flight)
+        started = time.monotonic()
         try:
-            resp = await self._stub.Embed(request, metadata=self._metadata,
-                                          timeout=timeout or self.timeout)
+            await asyncio.wait_for(self._slots.acquire(), timeout)
+        except TimeoutError:
+            raise FernError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                            f"the deadline passed while waiting for one of this client's "
+                            f"{self.max_in_flight} call slots (max_in_flight)") from None
+        try:
+            if timeout is not None:
+                timeout = max(0.0, timeout - (time.monotonic() - started))
+            return await self._send(request, timeout)
+        finally:
+            self._slots.release()
+
+    async def _send(self, request: pb.EmbedRequest, timeout: float | None) -> Embeddings:
+        try:
+            resp = await self._stub.Embed(request, metadata=self._metadata, timeout=timeout)
         except grpc.RpcError as err:
             raise FernError.from_rpc_error(err) from None
         return decode_response(resp)

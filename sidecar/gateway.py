@@ -16,6 +16,7 @@ flows through bounded queues instead of failing half way.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -34,9 +35,19 @@ ENCODINGS = ("float32", "float16", "int8", "binary")
 MAX_INPUTS = 8192
 # Inputs per scheduler chunk.
 CHUNK_TEXTS = 256
+# Rows of per-row Python work (sparse vectors, their response fields) done on the event loop;
+# a request with more has it done on a worker thread, so that one 8,192-text request does not
+# hold the loop (health checks, other requests' steps) for seconds.
+LOOP_ROWS = 256
 # Prompt names every model accepts: where the model defines no such prompt, they add no text,
 # so callers (adapters) can always say what the input is without knowing the model.
 GENERIC_PROMPTS = ("query", "passage", "document")
+# A character a text must hold to be embedded: anything but whitespace, control characters and
+# the invisible format characters (soft hyphen, zero-width space and joiners, bidi marks, BOM,
+# tags). A text of only those carries nothing to embed: every such text would get the same
+# vector (the tokenizer drops them all), so like "" it is refused rather than indexed as noise.
+_VISIBLE = re.compile("[^\\s\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u200b-\u200f\u202a-\u202e"
+                      "\u2060-\u2064\u2066-\u206f\ufeff\U000e0001\U000e0020-\U000e007f]").search
 # UNAVAILABLE's message once the sidecar drains, whether the gateway or the scheduler saw it first.
 DRAINING = "the sidecar is draining for shutdown; retry on another replica"
 
@@ -137,6 +148,9 @@ class Gateway:
             for i, text in enumerate(texts):
                 if not text:
                     raise invalid_argument(f"texts[{i}]: empty text", i)
+                if _VISIBLE(text) is None:
+                    raise invalid_argument(f"texts[{i}]: empty text (only whitespace, control or "
+                                           "zero-width characters)", i)
             prompt = self._prompt_text(params.prompt_name, spec)
             templated = [prompt + t for t in texts] if prompt else list(texts)
             dense = tokenizer.encode_async(templated, truncate=params.truncate)
@@ -188,7 +202,10 @@ class Gateway:
         sparse = None
         if prepared.sparse_ids is not None:
             special = served.tokenizer.special_ids
-            sparse = [sparse_vector(ids, special) for ids in prepared.sparse_ids]
+            if len(prepared.sparse_ids) > LOOP_ROWS:  # ~50 us a text: off the loop, which keeps answering
+                sparse = await asyncio.to_thread(_sparse_vectors, prepared.sparse_ids, special)
+            else:
+                sparse = _sparse_vectors(prepared.sparse_ids, special)
         return EmbedResult(model=served.spec.name, vectors=vectors, dimensions=prepared.dimensions,
                            encoding=params.encoding,
                            token_counts=[len(s) for s in prepared.sequences], sparse=sparse)
@@ -270,6 +287,10 @@ class Gateway:
                 ids = tokenizer.truncate_ids(ids)
             sequences.append(ids)
         return sequences
+
+
+def _sparse_vectors(sparse_ids: list[list[int]], special: frozenset[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [sparse_vector(ids, special) for ids in sparse_ids]
 
 
 def _scheduler_error(error: Exception, lane: Lane) -> EmbedError:

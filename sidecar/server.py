@@ -18,16 +18,19 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 import grpc
 import grpc.aio
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError
 from grpc_reflection.v1alpha import reflection
 
 from core_engine.config import ModelSpec
 from sidecar.errors import INPUT_INDEX_KEY, EmbedError, invalid_argument, unavailable
-from sidecar.gateway import EmbedParams, EmbedResult, Gateway
+from sidecar.gateway import LOOP_ROWS, EmbedParams, EmbedResult, Gateway
 from sidecar.registry import Registry
 from sidecar.requestlog import RequestLogInterceptor
 from sidecar.scheduler import Lane
@@ -36,6 +39,11 @@ from sidecar.wire import embedder_pb2 as pb
 from sidecar.wire import embedder_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
+
+try:  # what gRPC raises when a call's answer cannot be sent because the call has ended
+    from grpc._cython.cygrpc import ExecuteBatchError as _CallGone
+except ImportError:  # another grpcio layout: such a failure is then gRPC's to log
+    _CallGone = ()
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Embedder"].full_name  # "fern.v1.Embedder"
 # A request of MAX_INPUTS long texts, or a response of MAX_INPUTS 4096-dim float32 vectors
@@ -48,6 +56,17 @@ STREAM_WINDOW = 64
 # a few ahead keeps the GPU fed from a single stream; a full lane stops further reads.
 STREAM_PREFETCH = 4
 DEFAULT_GRACE_S = 30.0
+# gRPC core holds calls that arrived before the server asked for the next one; past its
+# default backlog (1,000, rising to 3,000 with random early rejection) it cancels them with a
+# bare CANCELLED the caller never asked for. Lanes are bounded in tokens (RESOURCE_EXHAUSTED
+# naming the lane), and a connection carries at most MAX_STREAMS_PER_CONNECTION calls at once
+# (HTTP/2 flow control: more wait in the client), so the backlog is set far above anything
+# those bounds let through.
+MAX_PENDING_CALLS = 1 << 20
+MAX_STREAMS_PER_CONNECTION = 4096
+ADMISSION_OPTIONS = [("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+                     ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
+                     ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION)]
 
 _ENCODINGS = {pb.ENCODING_FLOAT32: "float32", pb.ENCODING_FLOAT16: "float16",
               pb.ENCODING_INT8: "int8", pb.ENCODING_BINARY: "binary"}
@@ -55,6 +74,120 @@ _ENCODING_NUMBERS = {name: number for number, name in _ENCODINGS.items()}
 _TRUNCATIONS = {pb.TRUNCATION_END: True, pb.TRUNCATION_ERROR: False}
 _LITTLE = {"float32": "<f4", "float16": "<f2", "int8": "i1", "binary": "u1"}
 _LANES = {lane.value: lane for lane in Lane}
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """What the deserializer hands a handler for bytes that are not a valid request: why, and
+    the offending input's index when it is one of `texts`."""
+
+    message: str
+    index: int | None = None
+
+    def error(self) -> EmbedError:
+        return invalid_argument(self.message, self.index)
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint at `pos` and the position after it; IndexError when it runs past the end."""
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift >= 70:
+            raise ValueError("a varint longer than 10 bytes")
+
+
+def _fault(data: bytes, descriptor: Descriptor, path: str = "") -> tuple[str, int | None]:
+    """Where `data` stops being a valid `descriptor` message: the field's name and what is wrong.
+
+    protobuf's DecodeError says only that parsing failed; this walks the wire format (tags,
+    lengths, strings' UTF-8, nested messages) to name the field, e.g. ``texts[2]``.
+    """
+    pos, seen = 0, {}
+    while pos < len(data):
+        start = pos
+        try:
+            tag, pos = _varint(data, pos)
+        except (IndexError, ValueError):
+            return f"{path or 'message'}: truncated or corrupt field tag at byte {start}", None
+        number, wire = tag >> 3, tag & 7
+        field = descriptor.fields_by_number.get(number)
+        name = field.name if field is not None else f"field {number}"
+        label = f"{path}{'.' if path else ''}{name}"
+        index = None
+        if field is not None and field.is_repeated and wire == 2:
+            index = seen[number] = seen.get(number, -1) + 1
+            label = f"{label}[{index}]"
+        try:
+            if wire == 0:
+                _, pos = _varint(data, pos)
+            elif wire in (1, 5):
+                pos += 8 if wire == 1 else 4
+                if pos > len(data):
+                    raise IndexError
+            elif wire == 2:
+                length, pos = _varint(data, pos)
+                end = pos + length
+                if end > len(data):
+                    return (f"{label}: its length ({length} bytes) runs past the end of the message "
+                            f"({len(data)} bytes): truncated", None)
+                body, pos = data[pos:end], end
+                if field is not None and field.type == FieldDescriptor.TYPE_STRING:
+                    try:
+                        body.decode("utf-8")
+                    except UnicodeDecodeError as error:
+                        top = index if not path and name == "texts" else None
+                        return f"{label}: not valid UTF-8 (byte {error.start} of the string)", top
+                elif field is not None and field.type == FieldDescriptor.TYPE_MESSAGE:
+                    inner, _ = _fault(body, field.message_type, label)
+                    if inner:
+                        return inner, None
+            else:
+                return f"{label}: wire type {wire} at byte {start} is not valid protobuf", None
+        except (IndexError, ValueError):
+            return f"{label}: truncated at byte {start}", None
+    return "", None
+
+
+def _decoder(message_class) -> Callable[[bytes], object]:
+    """A request deserializer that turns bytes protobuf cannot parse into an `Undecodable`
+    (answered INVALID_ARGUMENT by the handler) instead of an exception gRPC logs as UNKNOWN."""
+    descriptor = message_class.DESCRIPTOR
+    parse = message_class.FromString
+
+    def decode(data: bytes):
+        try:
+            return parse(data)
+        except DecodeError as error:
+            where, index = _fault(data, descriptor)
+            detail = where or f"protobuf says: {error}"
+            return Undecodable(f"{detail}; the request is not a valid {descriptor.full_name}", index)
+
+    return decode
+
+
+def add_embedder(service: pb_grpc.EmbedderServicer, server: grpc.aio.Server) -> None:
+    """fern.v1.Embedder on `server`, as pb_grpc.add_EmbedderServicer_to_server adds it but with
+    request deserializers that report undecodable bytes as INVALID_ARGUMENT."""
+    embed_request, list_request = _decoder(pb.EmbedRequest), _decoder(pb.ListModelsRequest)
+    handlers = {
+        "Embed": grpc.unary_unary_rpc_method_handler(
+            service.Embed, request_deserializer=embed_request,
+            response_serializer=pb.EmbedResponse.SerializeToString),
+        "EmbedStream": grpc.stream_stream_rpc_method_handler(
+            service.EmbedStream, request_deserializer=embed_request,
+            response_serializer=pb.EmbedResponse.SerializeToString),
+        "ListModels": grpc.unary_unary_rpc_method_handler(
+            service.ListModels, request_deserializer=list_request,
+            response_serializer=pb.ListModelsResponse.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 def params_from_request(request: pb.EmbedRequest, deadline: float | None) -> EmbedParams:
@@ -179,12 +312,18 @@ class EmbedderService(pb_grpc.EmbedderServicer):
         self._idle.clear()
         try:
             try:
+                if isinstance(request, Undecodable):
+                    raise request.error()
                 params = params_from_request(request, _deadline(context))
                 result = await self.gateway.embed(params)
             except EmbedError as error:
                 await _abort(context, error)
             except Exception as error:  # anything else is our bug: say so, keep serving
                 await _abort(context, _internal(error))
+            if _ended(context):
+                raise _gone(None)
+            if result.sparse is not None and len(result.sparse) > LOOP_ROWS:
+                return await asyncio.to_thread(response_from_result, request.request_id, result)
             return response_from_result(request.request_id, result)
         finally:
             self._active -= 1
@@ -210,6 +349,7 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             reading_over = object()
             read_count = written_count = 0
             stopped_by_drain = False
+            ended_by: EmbedError | None = None  # a message that ended the stream, once answered
 
             async def answer(request: pb.EmbedRequest) -> None:
                 try:
@@ -219,7 +359,10 @@ class EmbedderService(pb_grpc.EmbedderServicer):
                     finally:
                         admitting.release()
                     result = await self.gateway.execute(prepared, wait_first=True)
-                    response = response_from_result(request.request_id, result)
+                    if result.sparse is not None and len(result.sparse) > LOOP_ROWS:
+                        response = await asyncio.to_thread(response_from_result, request.request_id, result)
+                    else:
+                        response = response_from_result(request.request_id, result)
                 except EmbedError as error:
                     response = _error_response(request.request_id, error)
                 except Exception as error:  # our bug: report it on this request, keep the stream
@@ -227,7 +370,7 @@ class EmbedderService(pb_grpc.EmbedderServicer):
                 responses.put_nowait(response)
 
             async def read(group: asyncio.TaskGroup) -> None:
-                nonlocal read_count, stopped_by_drain
+                nonlocal read_count, stopped_by_drain, ended_by
                 iterator = aiter(request_iterator)
                 try:
                     while True:
@@ -236,6 +379,14 @@ class EmbedderService(pb_grpc.EmbedderServicer):
                         request = await self._next_or_drain(iterator)
                         if request is None:
                             stopped_by_drain = self._draining.is_set()
+                            return
+                        if isinstance(request, Undecodable):
+                            # Framing is gRPC's, so later messages could be read, but a client
+                            # that sends garbage has lost track of its stream: stop here.
+                            ended_by = invalid_argument(
+                                f"message {read_count} of this stream: {request.message}; the "
+                                f"{read_count} messages before it were answered, none after it "
+                                "was read")
                             return
                         read_count += 1
                         group.create_task(answer(request))
@@ -250,9 +401,14 @@ class EmbedderService(pb_grpc.EmbedderServicer):
                     if item is reading_over:
                         reading = False
                         continue
-                    await context.write(item)
+                    try:
+                        await context.write(item)
+                    except _CallGone:  # the caller cancelled or its deadline passed
+                        raise _gone(None) from None
                     written_count += 1
                     window.release()
+            if ended_by is not None:
+                await _abort(context, ended_by)
             if stopped_by_drain:
                 await _abort(context, unavailable(
                     "the sidecar is draining for shutdown; requests not answered on this stream "
@@ -275,13 +431,37 @@ class EmbedderService(pb_grpc.EmbedderServicer):
 
     async def ListModels(self, request: pb.ListModelsRequest,
                          context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
+        if isinstance(request, Undecodable):
+            await _abort(context, request.error())
         return pb.ListModelsResponse(models=[model_info(s) for s in self.gateway.models()],
                                      default_model=self.gateway.default_model)
 
 
+def _ended(context: grpc.aio.ServicerContext) -> bool:
+    """Whether the caller can no longer hear an answer: it cancelled, or its deadline passed."""
+    remaining = context.time_remaining()
+    return context.cancelled() or (remaining is not None and remaining <= 0)
+
+
+def _gone(error: EmbedError | None) -> asyncio.CancelledError:
+    """What a handler raises for a call that ended before its answer went out: gRPC takes a
+    CancelledError as the normal end of such a call; the log gets one DEBUG line, no traceback."""
+    if error is None:
+        log.debug("call ended (cancelled, or its deadline passed) before its response was sent")
+    else:
+        log.debug("call ended (cancelled, or its deadline passed) before its status was sent: %s %s",
+                  error.code.name, error.message)
+    return asyncio.CancelledError()
+
+
 async def _abort(context: grpc.aio.ServicerContext, error: EmbedError) -> None:
     metadata = () if error.index is None else ((INPUT_INDEX_KEY, str(error.index)),)
-    await context.abort(error.code, error.message, metadata)
+    if _ended(context):
+        raise _gone(error)
+    try:
+        await context.abort(error.code, error.message, metadata)
+    except _CallGone:  # it ended while the status was being sent
+        raise _gone(error) from None
 
 
 class TokenAuth(grpc.aio.ServerInterceptor):
@@ -340,7 +520,7 @@ def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str
     """The gRPC server options a Sidecar runs with (benchmarks/grpc_floor.py measures them alone)."""
     return [("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.so_reuseport", 0)]
+            ("grpc.so_reuseport", 0), *ADMISSION_OPTIONS]
 
 
 def enable_reflection(server: grpc.aio.Server) -> None:
@@ -392,7 +572,7 @@ class Sidecar:
         # The request log comes first, so that refused tokens are logged too.
         interceptors = [RequestLogInterceptor(), *([TokenAuth(self.tokens, self.limiter)] if self.tokens else [])]
         server = grpc.aio.server(interceptors=interceptors, options=server_options(self._max_message_bytes))
-        pb_grpc.add_EmbedderServicer_to_server(self.service, server)
+        add_embedder(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         enable_reflection(server)
         try:

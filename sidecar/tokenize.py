@@ -132,6 +132,21 @@ MEMO_CHUNK_CHARS = 32
 MEMO_LEARN_CHUNKS = 16
 
 
+# A text longer than this many characters is tokenized a window at a time (LONG_WINDOW_CHARS each,
+# cut where no token can span the cut), and only as far as the result needs: truncation keeps
+# the first tokens, a refusal needs only to know the limit is passed, a sparse vector counts
+# at most SPARSE_MAX_TOKENS. Tokenizing a 10 MB text whole built 3.5 M tokens' Encodings (~900
+# MiB) just to keep 256 of them or to refuse it.
+LONG_TEXT_CHARS = 65536
+LONG_WINDOW_CHARS = 16384
+# The tokens a sparse vector counts: a text's first 8,192 (32 times the dense limit of a
+# 256-token model), so that one huge text cannot make the sidecar hold millions of ids.
+SPARSE_MAX_TOKENS = 8192
+# Where a BERT tokenizer's words break whatever surrounds them: whitespace, ASCII punctuation and
+# the CJK ideographs it spaces out. A cut just before one changes no token on either side.
+_BERT_BREAK = re.compile(r"[\s!-/:-@\[-`{-~\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+
 # A bulk request (at least this many characters: ~4,000 English tokens, a few ms of one core's
 # tokenizing) goes to the worker processes when there are any; smaller ones would pay more for
 # the round trip through a process's queues than they save.
@@ -555,6 +570,69 @@ class _ChunkIds:
         return dict(zip(chunks, [ids[a:b] for a, b in zip(firsts, firsts[1:])]))
 
 
+class _Windows:
+    """How a BERT tokenizer's long text is cut into windows whose ids, joined, are the text's.
+
+    A BertNormalizer works a character at a time (NFD and accent stripping never reach across a
+    space or a punctuation mark, which are starters) and a BertPreTokenizer splits words at
+    whitespace, punctuation and CJK ideographs, which WordPiece then takes one at a time; so a
+    cut just before such a character (`cut`) changes no token, unless it falls inside an added
+    token typed in the text ("[CLS]" holds punctuation), which `cut` steps over. `prefix` and
+    `suffix` are the special tokens the post-processor puts around a text's ids.
+    """
+
+    def __init__(self, prefix: list[int], suffix: list[int], added: list[str]) -> None:
+        self.prefix, self.suffix = prefix, suffix
+        self.specials = len(prefix) + len(suffix)
+        self._added = [a for a in added if a]
+        self._reach = max((len(a) for a in self._added), default=0)
+
+    @staticmethod
+    def of(tokenizer: Tokenizer) -> "_Windows | None":
+        """The windows of `tokenizer`, or None unless it is a BERT pipeline (where cuts are proven
+        not to change ids) whose post-processor puts fixed tokens around the text's ids."""
+        config = json.loads(tokenizer.to_str())
+        normalizer = (config.get("normalizer") or {}).get("type")
+        pre = (config.get("pre_tokenizer") or {}).get("type")
+        if normalizer not in (None, "BertNormalizer") or pre != "BertPreTokenizer":
+            return None
+        if config.get("truncation") or config.get("padding"):
+            return None
+        specials = tokenizer.encode("", add_special_tokens=True).ids
+        plain = tokenizer.encode("a", add_special_tokens=False).ids
+        full = tokenizer.encode("a", add_special_tokens=True).ids
+        cuts = [k for k in range(len(specials) + 1) if full == [*specials[:k], *plain, *specials[k:]]]
+        if len(cuts) != 1:
+            return None
+        added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
+        return _Windows(specials[:cuts[0]], specials[cuts[0]:], added)
+
+    def cut(self, text: str, at: int) -> int:
+        """The first safe cut in `text` at or after `at` (len(text) when there is none)."""
+        while at < len(text):
+            found = _BERT_BREAK.search(text, at)
+            if found is None:
+                return len(text)
+            at = found.start()
+            if at > 0 and not self._inside_added(text, at):
+                return at
+            at += 1
+        return len(text)
+
+    def _inside_added(self, text: str, at: int) -> bool:
+        if not self._reach:
+            return False
+        near = text[max(0, at - self._reach):at + self._reach].lower()
+        offset = max(0, at - self._reach)
+        for added in self._added:
+            pos = near.find(added.lower())
+            while pos != -1:
+                if offset + pos < at < offset + pos + len(added):
+                    return True
+                pos = near.find(added.lower(), pos + 1)
+        return False
+
+
 class TextTokenizer:
     """One model's tokenizer: texts in, token id lists (special tokens included) out.
 
@@ -615,6 +693,7 @@ class TextTokenizer:
         # threads because their worker died, and pools started anew after such a death.
         self.process_slices = self.process_failures = self.process_restarts = 0
         self.process_slice_chars = int(process_slice_chars)
+        self._windows = _Windows.of(self._full)
 
     def _batch(self, tokenizer: Tokenizer, twin: _AsciiTwin | None, texts: list[str],
                special: bool) -> list[list[int]]:
@@ -650,26 +729,63 @@ class TextTokenizer:
                offset: int = 0) -> list[list[int]]:
         """Token ids of each text; errors name `field[offset + i]`."""
         how = "truncate" if truncate else "full"
-        return self._checked(self._ids_of(list(texts), how), how, field, offset)
+        texts = list(texts)
+        return self._checked(self._ids_of(texts, how), how, field, offset, texts)
 
     def _ids_of(self, texts: list[str], how: str) -> list[list[int]]:
         """The tokenizer's own ids: "truncate" and "full" with special tokens (cut to the limit
-        less a room for EOS, or not cut), "plain" without special tokens and not cut."""
+        less a room for EOS, or not cut), "plain" without special tokens and not cut (at most
+        SPARSE_MAX_TOKENS for a text over LONG_TEXT_CHARS). A "full" text over the limit may
+        come back as only its first tokens past the limit (enough to refuse it)."""
+        if self._windows is not None and texts and max(map(len, texts)) > LONG_TEXT_CHARS:
+            seqs = self._ids_of_short([t if len(t) <= LONG_TEXT_CHARS else "" for t in texts], how)
+            for i, text in enumerate(texts):
+                if len(text) > LONG_TEXT_CHARS:
+                    seqs[i] = self._long_ids(text, how)
+            return seqs
+        return self._ids_of_short(texts, how)
+
+    def _long_ids(self, text: str, how: str) -> list[int]:
+        """`_ids_of` for one long text, tokenized a window at a time and only as far as needed.
+
+        The windows are cut where no token spans the cut (`_Windows`), so the whole text's plain
+        ids are its windows' plain ids, in order. Truncation keeps the first tokens: once the
+        windows read hold the room, those windows alone (the head) give the whole text's
+        truncated ids. A text whose windows never fill the room has all its ids known.
+        """
+        windows = self._windows
+        room = self._room - windows.specials
+        need = {"truncate": room, "full": room + 1, "plain": SPARSE_MAX_TOKENS}[how]
+        body: list[int] = []
+        start = 0
+        while start < len(text) and len(body) < need:
+            end = windows.cut(text, start + LONG_WINDOW_CHARS)
+            body += self._batch(self._full, self._full_twin, [text[start:end]], False)[0]
+            start = end
+        if how == "plain":
+            return body[:SPARSE_MAX_TOKENS]
+        if how == "truncate" and len(body) >= room:
+            return self._batch(self._truncating, self._truncating_twin, [text[:start]], True)[0]
+        return [*windows.prefix, *body, *windows.suffix]
+
+    def _ids_of_short(self, texts: list[str], how: str) -> list[list[int]]:
         if how == "truncate":
             return self._batch(self._truncating, self._truncating_twin, texts, True)
         return self._batch(self._full, self._full_twin, texts, how != "plain")
 
-    def _checked(self, seqs: list[list[int]], how: str, field: str, offset: int) -> list[list[int]]:
+    def _checked(self, seqs: list[list[int]], how: str, field: str, offset: int,
+                 texts: Sequence[str]) -> list[list[int]]:
         """`_ids_of`'s ids with EOS appended where the model needs it; "full" ones over the limit
-        are refused, naming the first such input."""
+        are refused, naming the first such input (a long text's count is of what was read)."""
         if how == "plain":
             return seqs
         if how == "full":
             for i, ids in enumerate(seqs):
                 if len(ids) > self._room:
                     count = len(ids) + (1 if self.eos_id is not None else 0)
+                    partial = "+" if self._windows is not None and len(texts[i]) > LONG_TEXT_CHARS else ""
                     raise invalid_argument(
-                        f"{field}[{offset + i}]: {count} tokens exceeds the model's limit of "
+                        f"{field}[{offset + i}]: {count}{partial} tokens exceeds the model's limit of "
                         f"{self.max_tokens} tokens (truncation is TRUNCATION_ERROR)", offset + i)
         if self.eos_id is not None:
             for ids in seqs:
@@ -720,7 +836,7 @@ class TextTokenizer:
         for start, part in zip(starts, parts):
             if isinstance(part, BaseException):
                 raise part
-            seqs.extend(self._checked(part, how, field, offset + start))
+            seqs.extend(self._checked(part, how, field, offset + start, texts[start:start + len(part)]))
         return seqs
 
     def _process_cuts(self, texts: Sequence[str]) -> list[int]:

@@ -8,11 +8,11 @@ import pytest
 
 
 def varied_texts() -> list[str]:
-    """Over 200 texts: short, long past the 256-token limit, multilingual, emoji, whitespace, code."""
+    """Over 200 texts: short, long past the 256-token limit, multilingual, emoji, whitespace around words, code."""
     rng = random.Random(20261129)
     fixed = [
         "hello", "Hello, world!", "a", "I", "ok", "?", "...",
-        " ", "   ", "\t", "\n\n", " \t\n ", "\u00a0\u2003",
+        " a", "   b   ", "\tc", "\n\nd\n", " \t\n e ", "\u00a0\u2003f",
         "The quick brown fox jumps over the lazy dog.",
         "What is the capital of France?",
         "café naïve résumé façade jalapeño straße",

@@ -108,3 +108,37 @@ def test_a_client_sees_a_sidecar_that_comes_up_late_within_about_a_second():
                 time.sleep(0.02)
         finally:
             server.stop(0)
+
+
+@pytest.mark.parametrize("dimensions, fragment", [
+    (-1, "dimensions: -1 is out of range"), (2**33, "dimensions: 8589934592 is out of range"),
+    (2**32, "out of range"), (1.5, "dimensions: expected an integer"), (True, "expected an integer"),
+    (2**32 - 1, "dimensions: 4294967295 is outside 1..384"),  # carried by the wire, refused by the sidecar
+    (385, "dimensions: 385 is outside 1..384"),
+])
+def test_dimensions_out_of_range_is_invalid_argument_naming_dimensions(client, sidecar_target,
+                                                                        dimensions, fragment):
+    with pytest.raises(FernError) as info:
+        client.embed(["a"], dimensions=dimensions)
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and fragment in info.value.message
+
+    async def go():
+        async with AsyncFernClient(sidecar_target) as aclient:
+            await aclient.embed(["a"], dimensions=dimensions)
+
+    with pytest.raises(FernError, match=fragment):
+        asyncio.run(go())
+
+
+@pytest.mark.parametrize("kwargs, fragment, index", [
+    ({"texts": ["a", 3]}, "texts[1]: expected str, got int", 1),
+    ({"texts": ["a", "b", "\ud800"]}, "texts[2]: a lone surrogate", 2),
+    ({"token_ids": [[101, 102], [101, -1, 102]]}, "token_ids[1]: position 1: token id: -1 is out of range", 1),
+    ({"token_ids": [[2**33]]}, "token_ids[0]: position 0: token id: 8589934592 is out of range", 0),
+])
+def test_inputs_the_wire_cannot_carry_are_named(client, kwargs, fragment, index):
+    call = client.embed_tokens if "token_ids" in kwargs else client.embed
+    with pytest.raises(FernError) as info:
+        call(*kwargs.values())
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and info.value.index == index
+    assert fragment in info.value.message

@@ -145,9 +145,19 @@ def test_index_travels_in_trailing_metadata(sidecar_target):
     assert ("fern-input-index", "3") in tuple(err.trailing_metadata())
 
 
-def test_whitespace_only_text_is_valid(client):
-    e = client.embed([" ", "\n\t"])
-    assert e.token_counts.tolist() == [2, 2]
+@pytest.mark.parametrize("blank", [" ", "\n\t", "\u00a0\u2003", "\x00", "\x00\x00\x01",
+                                   "\u200b", "\u200d\ufeff\u2060", " \u200b\t\x7f "])
+def test_text_with_nothing_to_embed_is_refused_like_the_empty_text(client, blank):
+    with pytest.raises(FernError) as info:
+        client.embed(["fine", blank])
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and info.value.index == 1
+    assert info.value.message == ("texts[1]: empty text (only whitespace, control or zero-width "
+                                  "characters)")
+
+
+def test_text_with_any_visible_character_embeds_as_the_character(client):
+    e = client.embed([" a ", "\u200ba\u200b", "a\x00", "a"])
+    np.testing.assert_allclose(e.vectors[:3], np.repeat(e.vectors[3:], 3, axis=0), atol=1e-5)
 
 
 def test_server_keeps_serving_after_errors(client):
