@@ -457,9 +457,9 @@ def settle_heap() -> int:
 
     What start-up leaves (torch, the models, gRPC: ~174,000 tracked objects with the bundled
     model on the CPU) lives as long as the process, yet every full collection walks all of it:
-    ~71 ms on the 2-core CI machine (results/gc-pause-cpu-stop14.json), a stall of the event
+    ~71 ms on the 2-core CI machine (benchmarks/results/cpu/gc_pause.json), a stall of the event
     loop and of every request in flight. Frozen, it is skipped; later collections walk only
-    what serving created (benchmarks/gc_pause.py).
+    what serving created.
     """
     gc.collect()
     gc.freeze()
@@ -646,11 +646,8 @@ async def run_sidecar(args: argparse.Namespace,
 # gRPC's EventEngine adds thread hand-offs to every call, so every `fern` process (serve, demo,
 # pg worker, embed, models) turns off its client and listener. gRPC reads the setting once,
 # when it is first imported; an explicit GRPC_EXPERIMENTS wins. Bare round trips on the H200
-# host (benchmarks/grpc_floor.py): 586 us with gRPC's defaults, 485 us with the server off
-# EventEngine, 225 us with both processes off. Batch-1 end to end through `fern serve` on the
-# H200 (gpu-h200-stop14-*latency.json, gpu-h200-stop15.json, gpu-h200-stop16.json): a client off
-# EventEngine's client alone was not consistently faster than one off both, and gRPC's defaults
-# were the slowest in seven runs of eight (level in the other); one setting for all.
+# host: 586 us with gRPC's defaults, 485 us with the server off EventEngine, 225 us with both
+# processes off (docs/performance.md); one setting for all.
 GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener"
 
 

@@ -86,9 +86,7 @@ SLICE_TEXTS = 256
 # thread and back (~0.3 ms measured on a busy 2-core host): it is done on the loop, from the
 # chunk memo. 4,096 characters hold one 512-token passage (English runs 4-5 characters a
 # token): from the memo 92 us against 489 us through Rust on the 2-core CI machine, and 662 us
-# on the loop when every chunk is new (`benchmarks/tokenize_bench.py --single-only
-# --max-tokens 512`, passage512; results/tokenize-single-cpu-stop13.json). At 2,048 such a
-# passage went to a worker, through Rust.
+# on the loop when every chunk is new. At 2,048 such a passage went to a worker, through Rust.
 INLINE_TEXTS = 4
 INLINE_CHARS = 4096
 
@@ -164,8 +162,7 @@ def default_workers() -> int:
 def default_processes(cpus: int | None = None) -> int:
     """Tokenizer worker processes for bulk requests: one per 4 cores from 8 cores up, none below.
 
-    On the 16-core H200 host, side by side in one run (results/tokenize-processes-sweep-h200-
-    stop17.json), MiniLM text to vectors with 4 processes of 3 Rust threads and 64 K-character
+    On the 16-core H200 host, side by side in one run, MiniLM text to vectors with 4 processes of 3 Rust threads and 64 K-character
     slices against the threads alone: passages 4.85 / 5.80 M tokens/s against 4.23 / 4.80 M,
     queries 2.76 / 2.44 against 2.10 / 1.82, long 4.36 / 5.00 against 4.22 / 4.16. 7 x 2, 12 x 1
     and 14 x 1 with smaller slices tokenized faster alone but fed the engine slower (3.2-4.9 M
@@ -431,7 +428,7 @@ class _WordPiece:
     every piece after the first, the whole word [UNK] when a piece cannot be matched or the
     word is over max_input_chars_per_word). For the few chunks a query's memo lacks this is a
     few dictionary lookups: on the 2-core machine 1 / 16 chunks cost 1.7 / 18.7 us, one Rust
-    call on them 5.6 / 29.2 us (results/wordpiece-calls-cpu-stop18.json)."""
+    call on them 5.6 / 29.2 us (benchmarks/results/cpu/wordpiece.json)."""
 
     _words = re.compile(_ASCII_WORDS).findall
 
