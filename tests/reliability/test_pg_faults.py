@@ -32,7 +32,7 @@ from pg_fixtures import conn, fern, pg_db, pg_dsn, pg_server, pg_target  # noqa:
 from pg_helpers import cosines, free_port, run_worker  # noqa: E402
 
 from adapters.postgres.chunking import split_text  # noqa: E402
-from adapters.postgres.embedded import EmbeddedPostgres, _import_package  # noqa: E402
+from adapters.postgres.embedded import EmbeddedPostgres  # noqa: E402
 from adapters.postgres.installer import install  # noqa: E402
 from adapters.postgres.status import status  # noqa: E402
 from adapters.postgres.vectorizer import create_vectorizer  # noqa: E402
@@ -172,17 +172,6 @@ def test_sidecar_sigkill_mid_backfill(conn, fern, pg_db, sidecar_factory):
            embedded_at_fault=done_at_kill)
 
 
-def _restart(pg: EmbeddedPostgres) -> None:
-    """Stop PostgreSQL the way a crash does (immediate) and start it again on its data."""
-    pg_ctl = _import_package().pg_ctl
-    pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=pg.pgdata, cwd=pg.root, timeout=60,
-           **pg._run_as)
-    options = " ".join([f"-h 127.0.0.1 -p {pg.port} -k {pg.root}"]
-                       + [f"-c {k}={v}" for k, v in pg.settings.items()])
-    pg_ctl(["-w", "-t", "60", "-o", options, "-l", str(pg.root / "postgres.log"), "start"],
-           pgdata=pg.pgdata, cwd=pg.root, timeout=90, **pg._run_as)
-
-
 def _cli_worker(dsn: str, target: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "sidecar.cli", "pg", "worker", "--dsn", dsn,
                              "--target", target, "--batch-size", "16", "--progress", "off"],
@@ -209,7 +198,7 @@ def test_postgres_restart_under_a_worker(fern, pg_target):
             wait_for(lambda: embedded_rows(own) >= 30, 120, "the worker to make progress")
             before = embedded_rows(own)
             own.close()
-            _restart(pg)
+            pg.restart_after_crash()
             start = time.monotonic()
             own = psycopg.connect(pg.dsn, autocommit=True)
             done_at_fault = embedded_rows(own)
