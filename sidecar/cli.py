@@ -895,8 +895,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     A command that fails prints one line, `fern VERB: what went wrong`, and exits 1; with
     `--debug` (or FERN_DEBUG=1) the exception propagates with its traceback instead.
     """
+    _grpc_settings()  # before anything imports grpc: the adapters' verbs may, as they register
     args = build_parser().parse_args(_debug_first(sys.argv[1:] if argv is None else argv))
-    _grpc_settings()
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 import grpc
 import grpc.aio
 
+from sidecar.wire import embedder_pb2 as pb
+
 log = logging.getLogger("fern.requests")
 
 # Only the embedding service is logged per call; health probes and reflection would drown it.
@@ -161,7 +163,8 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
 
             async def reading() -> AsyncIterator:
                 async for request in request_iterator:
-                    lanes[request.request_id] = (_lane(request.lane), _inputs(request), time.perf_counter())
+                    if isinstance(request, pb.EmbedRequest):  # not a message that did not decode
+                        lanes[request.request_id] = (_lane(request.lane), _inputs(request), time.perf_counter())
                     yield request
 
             error = None

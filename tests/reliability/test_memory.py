@@ -16,9 +16,10 @@ MB = 2**20
 TEN_MB = "word " * (2 * MB)  # 10 MiB of text, ~2 M tokens
 # Measured on the 2-core CI host: peak and after both +164 MiB over the warmed-up baseline of
 # 386 MiB (the 30 MB request itself, held by gRPC, protobuf and Python at once, and kept by the
-# allocator for the next one). Tokenizing these texts whole: peak +4,123 MiB, after +3,463 MiB.
+# allocator for the next one); +256 MiB after in a full-suite run on a loaded host, where the
+# allocator keeps more. Tokenizing these texts whole: peak +4,123 MiB, after +3,463 MiB.
 PEAK_GROWTH_BOUND = 384 * MB
-AFTER_GROWTH_BOUND = 192 * MB
+AFTER_GROWTH_BOUND = 320 * MB
 
 
 def rss_bytes(pid: int) -> int:

@@ -94,7 +94,7 @@ def test_a_missing_extra_says_which_to_install(hiding_env, tmp_path, hidden, arg
     argv = tuple(str(records) if a == "RECORDS" else a for a in argv)
     done = fern(*argv, env={**hiding_env, "FERN_TEST_HIDE": hidden})
     line = assert_one_line_error(done, f"fern {argv[0]} {argv[1]}: ")
-    assert f"{hidden} is not installed" in line
+    assert hidden in line  # the adapter's own wording, or the CLI's stand-in's
     assert f"pip install 'fern-embed[{extra}]'" in line
 
 
