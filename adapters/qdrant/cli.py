@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import grpc
-
 PROG = "fern qdrant ingest"
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -248,6 +246,8 @@ def _check_sidecar(fern: Any, model: str, timeout: float) -> None:
 
 
 def _sidecar_problem(err: Any, target: str) -> str:
+    import grpc  # here, not at the top: building `fern`'s parser must not load gRPC
+
     code = err.code
     if code == grpc.StatusCode.UNAVAILABLE:
         return (f"no sidecar answers at {target} ({err.message}): start one with `fern serve`, "
