@@ -1,0 +1,204 @@
+"""Lane isolation through the real server: ONLINE query latency while BATCH clients saturate one `fern serve`.
+
+Each round runs three phases against the same sidecar, over gRPC: online alone (one client
+sending `--online-rate` queries/s of `--online-tokens` tokens, open loop, a new text each
+call), batch alone (`--batch-clients` processes, each sending requests of `--batch-texts`
+passages of `--batch-low`..`--batch-high` tokens on the BATCH lane back to back, no text ever
+repeated), and both at once. It reports online p50/p99/p99.9 per phase and batch tokens/s,
+and the mixed figures beside the solo ones: the lane guarantee is online p99 held while the
+batch lane keeps its throughput.
+
+    python -m benchmarks.lanes_e2e --device cpu --online-rate 5 --batch-clients 1 --batch-texts 16 \\
+        --seconds 5 --rounds 1 --out benchmarks/results/cpu/lanes_e2e.json
+    python -m benchmarks.lanes_e2e --device cuda --model DIR --out lanes.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.provenance import result_header
+from benchmarks.server import start_sidecar
+from benchmarks.stats import percentiles
+from benchmarks.texts import make_texts
+
+
+def _tokenizer_path(model: str | None) -> Path:
+    if model is None:
+        from core_engine.loader import default_model_dir
+
+        return default_model_dir() / "tokenizer.json"
+    return Path(model) / "tokenizer.json"
+
+
+def _batch_client(target: str, tokenizer: str, seed: int, texts: int, low: int, high: int,
+                  go: "mp.synchronize.Event", stop: "mp.synchronize.Event", windows: "mp.Queue",
+                  results: "mp.Queue") -> None:
+    """One BATCH client process: requests back to back while `go` is set, tokens counted per window.
+
+    `windows` brings (start, end) wall-clock windows; for each, the tokens of requests that
+    completed inside it are reported. A unique counter in front of each pooled text keeps
+    every text new to the server (its tokenizer memo and any cache)."""
+    from sidecar.client import FernClient
+
+    rng = random.Random(seed)
+    pool = make_texts(tokenizer, [rng.randint(low, high - 4) for _ in range(4 * texts)], seed=seed)
+    counter = seed * 10_000_000
+    with FernClient(target, timeout=600) as client:
+        while not stop.is_set():
+            if not go.wait(timeout=0.1):
+                continue
+            start, end = windows.get()
+            done: list[tuple[float, int, int]] = []
+            while go.is_set() and time.time() < end:
+                batch = []
+                for _ in range(texts):
+                    counter += 1
+                    batch.append(f"{counter} {pool[counter % len(pool)]}")
+                result = client.embed(batch, lane="batch")
+                done.append((time.time(), int(result.token_counts.sum()), len(batch)))
+            inside = [(t, n, k) for t, n, k in done if start <= t <= end]
+            results.put({"tokens": sum(n for _, n, _ in inside), "texts": sum(k for _, _, k in inside),
+                         "requests": len(inside)})
+
+
+def _online(client, texts: list[str], rate: float, seconds: float) -> dict:
+    """Open-loop queries at `rate`/s for `seconds`: latency from each send to its answer."""
+    samples, late = [], 0
+    start = time.perf_counter()
+    for i, text in enumerate(texts):
+        due = start + i / rate
+        if due - start >= seconds:
+            break
+        now = time.perf_counter()
+        if now < due:
+            time.sleep(due - now)
+        elif now - due > 1.0 / rate:
+            late += 1
+        sent = time.perf_counter()
+        client.embed([text], lane="online")
+        samples.append((time.perf_counter() - sent) * 1e3)
+    return {"latency": percentiles(samples, digits=4), "p999_ms": _p999(samples), "late_sends": late}
+
+
+def _p999(samples: list[float]) -> float | None:
+    if len(samples) < 1000:
+        return None
+    ordered = sorted(samples)
+    return round(ordered[min(len(ordered) - 1, int(0.999 * len(ordered)))], 4)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.lanes_e2e", description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--model", default=None, help="fern serve --model DIR (default: the bundled MiniLM)")
+    p.add_argument("--online-rate", type=float, default=200.0, help="queries per second")
+    p.add_argument("--online-tokens", type=int, default=20)
+    p.add_argument("--batch-clients", type=int, default=4, help="BATCH client processes")
+    p.add_argument("--batch-texts", type=int, default=256, help="passages per BATCH request")
+    p.add_argument("--batch-low", type=int, default=64)
+    p.add_argument("--batch-high", type=int, default=256)
+    p.add_argument("--seconds", type=float, default=10.0, help="timed length of each phase")
+    p.add_argument("--warmup-seconds", type=float, default=3.0, help="untimed lead-in of each phase")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--serve-arg", action="append", default=[], help="more `fern serve` flags (repeatable)")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+
+    from sidecar.client import FernClient
+
+    tokenizer = str(_tokenizer_path(args.model))
+    per_phase = int(args.online_rate * args.seconds) + 1
+    queries = make_texts(tokenizer, [args.online_tokens] * (per_phase * 2 * args.rounds + 200), seed=26)
+    extra = [a for arg in args.serve_arg for a in arg.split()]
+    served = start_sidecar(Path(args.model) if args.model else None, device=args.device, extra=extra,
+                           log_dir=Path(tempfile.mkdtemp(prefix="fern-lanes-")), name="lanes")
+    ctx = mp.get_context("spawn")
+    go, stop = ctx.Event(), ctx.Event()
+    windows, results = ctx.Queue(), ctx.Queue()
+    workers = [ctx.Process(target=_batch_client, daemon=True,
+                           args=(served.target, tokenizer, 1 + k, args.batch_texts, args.batch_low,
+                                 args.batch_high, go, stop, windows, results))
+               for k in range(args.batch_clients)]
+    for w in workers:
+        w.start()
+
+    def batch_window(online=None) -> tuple[dict, dict | None]:
+        start = time.time() + args.warmup_seconds
+        end = start + args.seconds
+        for _ in workers:
+            windows.put((start, end))
+        go.set()
+        online_result = None
+        if online is not None:
+            time.sleep(args.warmup_seconds)
+            online_result = online()
+        time.sleep(max(0.0, end - time.time()))
+        go.clear()
+        parts = [results.get(timeout=600) for _ in workers]
+        tokens = sum(r["tokens"] for r in parts)
+        return {"tokens_per_s": round(tokens / args.seconds, 1), "texts_per_s": round(
+            sum(r["texts"] for r in parts) / args.seconds, 1), "requests": sum(r["requests"] for r in parts)}, \
+            online_result
+
+    rounds, cursor = [], 0
+    try:
+        with FernClient(served.target, timeout=60) as client:
+            for text in queries[-200:]:  # warm the online path (and, on CUDA, its graphs)
+                client.embed([text], lane="online")
+
+            def online():
+                nonlocal cursor
+                chunk = queries[cursor:cursor + per_phase]
+                cursor += per_phase
+                return _online(client, chunk, args.online_rate, args.seconds)
+
+            for r in range(args.rounds):
+                alone = online()
+                batch_alone, _ = batch_window()
+                batch_mixed, mixed = batch_window(online)
+                rounds.append({"online_alone": alone, "batch_alone": batch_alone,
+                               "mixed": {"online": mixed, "batch": batch_mixed},
+                               "batch_mixed_over_alone": round(batch_mixed["tokens_per_s"]
+                                                               / max(batch_alone["tokens_per_s"], 1e-9), 4)})
+                print(json.dumps({"round": r, **rounds[-1]}), flush=True)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(timeout=30)
+            if w.is_alive():
+                w.kill()
+        served.stop()
+    result = {
+        **result_header("benchmarks.lanes_e2e", argv),
+        "server_command": " ".join(served.command), "seconds_to_serving": round(served.seconds_to_serving, 2),
+        "device": args.device,
+        "workload": {"online_rate_per_s": args.online_rate, "online_tokens": args.online_tokens,
+                     "batch_clients": args.batch_clients, "batch_texts_per_request": args.batch_texts,
+                     "batch_tokens": [args.batch_low, args.batch_high], "seconds": args.seconds,
+                     "warmup_seconds": args.warmup_seconds, "rounds": args.rounds},
+        "rounds": rounds,
+        "summary": {
+            "online_alone_p99_ms": [x["online_alone"]["latency"]["p99_ms"] for x in rounds],
+            "online_mixed_p99_ms": [x["mixed"]["online"]["latency"]["p99_ms"] for x in rounds],
+            "online_mixed_p999_ms": [x["mixed"]["online"]["p999_ms"] for x in rounds],
+            "batch_alone_tokens_per_s": [x["batch_alone"]["tokens_per_s"] for x in rounds],
+            "batch_mixed_over_alone": [x["batch_mixed_over_alone"] for x in rounds],
+        },
+    }
+    text = json.dumps(result, indent=2) + "\n"
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    print(json.dumps(result["summary"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
