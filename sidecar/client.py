@@ -20,6 +20,7 @@ import grpc.aio
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sidecar.balancing import channel_options, channel_target
 from sidecar.errors import INPUT_INDEX_KEY
 from sidecar.security import ClientTls
 from sidecar.wire import embedder_pb2 as pb
@@ -347,11 +348,14 @@ def client_tls(tls: bool | None = None, tls_ca: str | os.PathLike | None = None,
 
 
 def _make_channel(module, target: str, tls: ClientTls | None):
-    """A plaintext or TLS channel of `module` (grpc or grpc.aio) with the client's options."""
+    """A plaintext or TLS channel of `module` (grpc or grpc.aio) with the client's options.
+
+    A target naming several sidecars is balanced round-robin with retries (sidecar.balancing)."""
+    options = _CHANNEL_OPTIONS + channel_options(target)
+    target = channel_target(target)
     if tls is None:
-        return module.insecure_channel(target, options=_CHANNEL_OPTIONS)
-    return module.secure_channel(target, tls.grpc_credentials(),
-                                 options=_CHANNEL_OPTIONS + tls.grpc_options())
+        return module.insecure_channel(target, options=options)
+    return module.secure_channel(target, tls.grpc_credentials(), options=options + tls.grpc_options())
 
 
 class FernClient:
