@@ -151,6 +151,10 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                         "default 8192; bigger jobs belong on EmbedStream)")
     p.add_argument("--grace", type=float, default=float(_env("GRACE", "30")),
                    help="seconds calls in flight get to finish on SIGTERM (env FERN_GRACE)")
+    p.add_argument("--max-connection-age", type=float, default=float(_env("MAX_CONNECTION_AGE", "0")),
+                   help="close each client connection after this many seconds (gracefully), so "
+                        "clients of several sidecars re-resolve and rebalance (env "
+                        "FERN_MAX_CONNECTION_AGE; default 0: never)")
     p.add_argument("--pg-port", type=int, default=_env_int("PG_PORT", None),
                    help="also answer the Postgres protocol (SELECT embed('…'), for dblink) on "
                         "this port; needs --token (env FERN_PG_PORT; default: off)")
@@ -550,7 +554,8 @@ async def run_sidecar(args: argparse.Namespace,
         raise SystemExit(f"fern: {error}") from None
     frozen = settle_heap()
     sidecar = Sidecar(registry, host=args.host, port=args.port, tokens=security.tokens,
-                      tls=security.tls, limiter=security.limiter, max_inputs=args.max_request_inputs)
+                      tls=security.tls, limiter=security.limiter, max_inputs=args.max_request_inputs,
+                      max_connection_age_s=args.max_connection_age or None)
     pgwire = None
     if args.pg_port is not None:
         from sidecar.pgwire import PgWireServer

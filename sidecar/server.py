@@ -29,6 +29,7 @@ from google.protobuf.message import DecodeError
 from grpc_reflection.v1alpha import reflection
 
 from core_engine.config import ModelSpec
+from sidecar import balancing
 from sidecar.errors import INPUT_INDEX_KEY, EmbedError, invalid_argument, unavailable
 from sidecar.gateway import LOOP_ROWS, EmbedParams, EmbedResult, Gateway
 from sidecar.registry import Registry
@@ -544,8 +545,10 @@ class Sidecar:
                  token: str | None = None, tokens: TokenSet | None = None,
                  tls: TlsSettings | None = None, limiter: AuthLimiter | None = None,
                  max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 stream_window: int = STREAM_WINDOW, max_inputs: int | None = None) -> None:
+                 stream_window: int = STREAM_WINDOW, max_inputs: int | None = None,
+                 max_connection_age_s: float | None = None) -> None:
         self.registry = registry
+        self._max_connection_age_s = max_connection_age_s
         self.host = host
         self.port = port
         self.tokens = tokens if tokens is not None else TokenSet([token] if token else [])
@@ -571,7 +574,8 @@ class Sidecar:
         await self.registry.start()
         # The request log comes first, so that refused tokens are logged too.
         interceptors = [RequestLogInterceptor(), *([TokenAuth(self.tokens, self.limiter)] if self.tokens else [])]
-        server = grpc.aio.server(interceptors=interceptors, options=server_options(self._max_message_bytes))
+        server = grpc.aio.server(interceptors=interceptors, options=server_options(self._max_message_bytes)
+                                 + balancing.server_options(self._max_connection_age_s))
         add_embedder(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         enable_reflection(server)
