@@ -1,23 +1,26 @@
-"""Prometheus metrics: `GET /metrics` renders the schedulers' and engines' live counters as text.
+"""Prometheus metrics: `GET /metrics` exports the schedulers' and engines' live counters.
 
-`fern serve --metrics-port N` starts a `MetricsServer` on the sidecar's event loop, bound
-to the same host as gRPC. Nothing is sampled in the background: each scrape reads
-`Scheduler.stats()` (a snapshot taken under the scheduler's lock, held for microseconds,
-the same lock the loop already takes to admit a request), every engine's graph counters
-and every tokenizer's worker-process counters (plain ints, read without a lock). The format
-is Prometheus's text exposition format 0.0.4; counters end in `_total`, and every sample
-carries the model's name, but the failed-authentication counters (with a token set), which
-carry the door they count.
+`fern serve --metrics-port N` starts a `MetricsServer`: prometheus_client's exposition
+(text format, OpenMetrics when the scraper asks for it, gzip, `name[]` filters) served by
+uvicorn on the sidecar's event loop, bound to the same host as gRPC. Nothing is sampled in
+the background: each scrape reads `Scheduler.stats()` (a snapshot taken under the
+scheduler's lock, held for microseconds), every engine's graph counters and every
+tokenizer's worker-process counters (plain ints, read without a lock). Every sample carries
+the model's name, but the failed-authentication counters, which carry the door they count.
 """
 
 from __future__ import annotations
 
-import asyncio
-import bisect
 import logging
 import ssl
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.asgi import make_asgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
 
 from sidecar.registry import ServedModel
 from sidecar.security import AuthLimiter, TokenSet
@@ -25,20 +28,22 @@ from sidecar.security import AuthLimiter, TokenSet
 log = logging.getLogger(__name__)
 
 METRICS_PATH = "/metrics"
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# A scraper sends its whole request at once; a connection that has not within this long is dropped.
-READ_TIMEOUT_S = 10.0
-MAX_HEADER_LINES = 100
+# Scrapers' connections open at once; beyond it a scrape gets 503 (a scraper holds one).
+MAX_CONNECTIONS = 64
 
 
 @dataclass(frozen=True)
 class Family:
-    """One metric family: its name, type, help text, and how to read a sample from its source."""
+    """One metric family: its sample name, type, help text, and how to read a sample from its source."""
 
     name: str
-    kind: str  # "counter" or "gauge"
+    kind: str  # "counter" (name ends in _total) or "gauge"
     help: str
     read: Callable[[object], int]
+
+    def empty(self, labels: Iterable[str]) -> Metric:
+        kind = CounterMetricFamily if self.kind == "counter" else GaugeMetricFamily
+        return kind(self.name, self.help, labels=list(labels))
 
 
 # Per model and lane, from LaneStats. Requests are Scheduler.embed calls (one per gRPC
@@ -113,24 +118,79 @@ DRAINING = Family("fern_scheduler_draining", "gauge",
                   "1 while the model's scheduler drains for shutdown, else 0.",
                   lambda s: int(s.draining))
 
+# Per door, from the failed-authentication limiter (exported when a token is set).
+AUTH_FAMILIES: tuple[Family, ...] = (
+    Family("fern_auth_failures_total", "counter", "Calls refused for a missing or wrong token.",
+           lambda a: a.failures_total),
+    Family("fern_auth_refused_total", "counter",
+           "Of those, calls refused at once because their address was over its limit.",
+           lambda a: a.refused_total),
+    Family("fern_auth_locked_addresses", "gauge",
+           "Addresses refused at once now for too many failed authentications.",
+           lambda a: a.locked_addresses()),
+    Family("fern_auth_held_calls", "gauge", "Wrong-token calls being held for their back-off now.",
+           lambda a: a.held_calls),
+)
 
-def _escape_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+_LABELS = {id(f): ("model", "lane") for f in LANE_FAMILIES}
+_LABELS.update({id(f): ("model", "engine", "device") for f in (*ENGINE_FAMILIES, *GRAPH_FAMILIES)})
+_LABELS.update({id(f): ("model",) for f in (*TOKENIZER_FAMILIES, DRAINING)})
 
 
-def _escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
+class ServingCollector(Collector):
+    """Every served model's scheduler, engine, graph and tokenizer counters, read at scrape time."""
+
+    def __init__(self, models: Iterable[ServedModel]) -> None:
+        self.models = models
+
+    def collect(self) -> Iterator[Metric]:
+        families = {family.name: family.empty(_LABELS[id(family)])
+                    for family in (*LANE_FAMILIES, *ENGINE_FAMILIES, *GRAPH_FAMILIES, *TOKENIZER_FAMILIES,
+                                   DRAINING)}
+
+        def add(family: Family, labels: tuple[str, ...], source: object) -> None:
+            families[family.name].add_metric(list(labels), int(family.read(source)))
+
+        for served in self.models:
+            model = served.spec.name
+            # The scheduler samples come from one stats() snapshot; the graph counters are copied
+            # right after (the engine thread bumps them outside the scheduler's lock).
+            stats = served.scheduler.stats()
+            for lane_name, lane_stats in (("online", stats.online), ("batch", stats.batch)):
+                for family in LANE_FAMILIES:
+                    add(family, (model, lane_name), lane_stats)
+            # The scheduler was built from served.engines: the same engines, in the same order.
+            for index, (engine_stats, engine) in enumerate(zip(stats.engines, served.engines, strict=True)):
+                labels = (model, str(index), engine_stats.device)
+                graphs = replace(engine.counters)
+                for family in ENGINE_FAMILIES:
+                    add(family, labels, engine_stats)
+                for family in GRAPH_FAMILIES:
+                    add(family, labels, graphs)
+            for family in TOKENIZER_FAMILIES:
+                add(family, (model,), served.tokenizer)
+            add(DRAINING, (model,), stats)
+        yield from families.values()
 
 
-def _labels(pairs: dict[str, str]) -> str:
-    return "{" + ",".join(f'{k}="{_escape_label(v)}"' for k, v in pairs.items()) + "}"
+class LimiterCollector(Collector):
+    """The failed-authentication limiter's counters, labelled with the door they count."""
+
+    def __init__(self, limiter: AuthLimiter, door: str = "grpc") -> None:
+        self.limiter, self.door = limiter, door
+
+    def collect(self) -> Iterator[Metric]:
+        for family in AUTH_FAMILIES:
+            metric = family.empty(("door",))
+            metric.add_metric([self.door], int(family.read(self.limiter)))
+            yield metric
 
 
 # Upper bounds (seconds) of the HTTP door's latency histogram buckets; +Inf is implied.
 HTTP_LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
-class HttpMetrics:
+class HttpMetrics(Collector):
     """The HTTP door's counters: requests by route, status and lane, and latency by route (a histogram).
 
     `observe` runs on the event loop once per answered request; routes are the app's path
@@ -138,103 +198,105 @@ class HttpMetrics:
     """
 
     def __init__(self, buckets: tuple[float, ...] = HTTP_LATENCY_BUCKETS_S) -> None:
-        self.buckets = buckets
-        self.requests: dict[tuple[str, str, str], int] = {}
-        self._latency: dict[str, list[int]] = {}  # per route: count per bucket, then +Inf
-        self._sum: dict[str, float] = {}
+        self._requests = Counter("fern_http_requests", "HTTP requests answered, by route, status and lane.",
+                                 ("route", "status", "lane"), registry=None)
+        self._latency = Histogram("fern_http_request_seconds",
+                                  "Time from a request's arrival at its route to its answer.",
+                                  ("route",), buckets=buckets, registry=None)
+        self._children: dict[tuple[str, int, str], tuple[Callable[[], None], Callable[[float], None]]] = {}
 
     def observe(self, route: str, status: int, lane: str, seconds: float) -> None:
-        key = (route, str(status), lane)
-        self.requests[key] = self.requests.get(key, 0) + 1
-        counts = self._latency.get(route)
-        if counts is None:
-            counts = self._latency[route] = [0] * (len(self.buckets) + 1)
-            self._sum[route] = 0.0
-        counts[bisect.bisect_left(self.buckets, seconds)] += 1
-        self._sum[route] += seconds
+        key = (route, status, lane)
+        child = self._children.get(key)
+        if child is None:  # labels() takes a lock and builds a child: once per label set
+            child = self._children[key] = (self._requests.labels(route, str(status), lane).inc,
+                                           self._latency.labels(route).observe)
+        child[0]()
+        child[1](seconds)
 
-    def lines(self) -> list[str]:
-        """This door's families in the text exposition format."""
-        out = ["# HELP fern_http_requests_total HTTP requests answered, by route, status and lane.",
-               "# TYPE fern_http_requests_total counter"]
-        for (route, status, lane), count in sorted(self.requests.items()):
-            out.append(f"fern_http_requests_total{_labels({'route': route, 'status': status, 'lane': lane})} {count}")
-        out += ["# HELP fern_http_request_seconds Time from a request's arrival at its route to its answer.",
-                "# TYPE fern_http_request_seconds histogram"]
-        for route, counts in sorted(self._latency.items()):
-            total = 0
-            for bound, count in zip((*self.buckets, float("inf")), counts):
-                total += count
-                le = "+Inf" if bound == float("inf") else repr(bound)
-                out.append(f"fern_http_request_seconds_bucket{_labels({'route': route, 'le': le})} {total}")
-            out.append(f"fern_http_request_seconds_sum{_labels({'route': route})} {self._sum[route]!r}")
-            out.append(f"fern_http_request_seconds_count{_labels({'route': route})} {total}")
-        return out
+    def collect(self) -> Iterator[Metric]:
+        yield from self._requests.collect()
+        yield from self._latency.collect()
 
 
-def render(models: Iterable[ServedModel], extras: Iterable[HttpMetrics] = ()) -> str:
-    """The text exposition (format 0.0.4) of every model's scheduler and engine counters now,
-    then the families of `extras` (the HTTP door's)."""
-    # A model's scheduler samples come from one stats() snapshot; its graph counters are
-    # copied right after (the engine thread bumps them outside the scheduler's lock, so a
-    # step being launched may show in one and not yet in the other).
-    rows: dict[str, list[tuple[dict[str, str], object]]] = {}
-
-    def add(family: Family, labels: dict[str, str], source: object) -> None:
-        rows.setdefault(family.name, []).append((labels, source))
-
-    for served in models:
-        model = served.spec.name
-        stats = served.scheduler.stats()
-        for lane_name, lane_stats in (("online", stats.online), ("batch", stats.batch)):
-            for family in LANE_FAMILIES:
-                add(family, {"model": model, "lane": lane_name}, lane_stats)
-        # The scheduler was built from served.engines: the same engines, in the same order.
-        for index, (engine_stats, engine) in enumerate(zip(stats.engines, served.engines, strict=True)):
-            labels = {"model": model, "engine": str(index), "device": engine_stats.device}
-            graphs = replace(engine.counters)
-            for family in ENGINE_FAMILIES:
-                add(family, labels, engine_stats)
-            for family in GRAPH_FAMILIES:
-                add(family, labels, graphs)
-        for family in TOKENIZER_FAMILIES:
-            add(family, {"model": model}, served.tokenizer)
-        add(DRAINING, {"model": model}, stats)
-
-    lines: list[str] = []
-    for family in (*LANE_FAMILIES, *ENGINE_FAMILIES, *GRAPH_FAMILIES, *TOKENIZER_FAMILIES, DRAINING):
-        lines.append(f"# HELP {family.name} {_escape_help(family.help)}")
-        lines.append(f"# TYPE {family.name} {family.kind}")
-        for labels, source in rows.get(family.name, ()):
-            lines.append(f"{family.name}{_labels(labels)} {int(family.read(source))}")
+def build_registry(models: Iterable[ServedModel], extras: Iterable[Collector] = ()) -> CollectorRegistry:
+    """A registry of the serving counters, then `extras` (the HTTP door's, the limiter's)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ServingCollector(models))
     for extra in extras:
-        lines.extend(extra.lines())
-    return "\n".join(lines) + "\n"
+        registry.register(extra)
+    return registry
+
+
+def render(models: Iterable[ServedModel], extras: Iterable[Collector] = ()) -> str:
+    """The text exposition of every model's counters now, then those of `extras`."""
+    return generate_latest(build_registry(models, extras)).decode()
+
+
+class MetricsApp:
+    """The ASGI app of the metrics door: `GET`/`HEAD /metrics` answers prometheus_client's
+    exposition; any other path 404, any other method 405; with `tokens`, a request without
+    `Authorization: Bearer <token>` gets 401."""
+
+    def __init__(self, registry: CollectorRegistry, tokens: TokenSet) -> None:
+        self.tokens = tokens
+        self._export = make_asgi_app(registry)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        method, path = scope["method"], scope["path"]
+        if method not in ("GET", "HEAD"):
+            await _plain(send, 405, f"method {method} not allowed: use GET\n", (b"allow", b"GET, HEAD"))
+        elif path != METRICS_PATH:
+            await _plain(send, 404, f"{path} not found: metrics are at {METRICS_PATH}\n")
+        elif self.tokens and not self.tokens.check_bearer(_header(scope, b"authorization")):
+            await _plain(send, 401, "missing or wrong token: send 'Authorization: Bearer <token>'\n",
+                         (b"www-authenticate", b'Bearer realm="fern"'))
+        else:
+            await self._export(scope, receive, send)
+
+
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def _plain(send, status: int, text: str, *extra: tuple[bytes, bytes]) -> None:
+    body = text.encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                            (b"content-length", str(len(body)).encode()), *extra]})
+    await send({"type": "http.response.body", "body": body})
 
 
 class MetricsServer:
     """`await MetricsServer(registry, host, port).start()`; `.port` is the bound port (0: any free).
 
-    A minimal HTTP/1.1 server on the running event loop: `GET` or `HEAD /metrics` answers
-    the exposition, any other path 404, any other method 405. Every response closes its
-    connection, so `stop()` only has to cancel requests still being read. `ssl_context`
-    serves HTTPS (a server-side context: mutual TLS when it requires client certificates);
-    a non-empty `tokens` requires `Authorization: Bearer <token>` (401 otherwise). The
-    failed-auth `limiter`'s counters, when given, are part of the exposition.
+    `ssl_context` serves HTTPS (a server-side context: mutual TLS when it requires client
+    certificates); a non-empty `tokens` requires `Authorization: Bearer <token>`. The
+    failed-auth `limiter`'s counters and those of `extras` are part of the exposition.
     """
 
     def __init__(self, models: Iterable[ServedModel], host: str = "127.0.0.1", port: int = 0, *,
                  ssl_context: ssl.SSLContext | None = None, tokens: TokenSet | None = None,
-                 limiter: AuthLimiter | None = None, extras: Iterable[HttpMetrics] = ()) -> None:
-        self.models = models
-        self.extras = list(extras)
+                 limiter: AuthLimiter | None = None, extras: Iterable[Collector] = ()) -> None:
+        import uvicorn  # loaded only where the door is open
+
+        from sidecar.inloop import InLoopServer
+
+        collectors = list(extras) + ([LimiterCollector(limiter)] if limiter is not None else [])
+        self.app = MetricsApp(build_registry(models, collectors), tokens or TokenSet())
         self.host = host
         self.port = port
         self.ssl_context = ssl_context
-        self.tokens = tokens or TokenSet()
-        self.limiter = limiter
-        self._server: asyncio.Server | None = None
-        self._handlers: set[asyncio.Task] = set()
+        self._config = uvicorn.Config(
+            self.app, host=host, port=port, http="httptools", ws="none", lifespan="off", access_log=False,
+            log_config=None, proxy_headers=False, server_header=False, timeout_keep_alive=5,
+            timeout_graceful_shutdown=1, limit_concurrency=MAX_CONNECTIONS)
+        self._server = InLoopServer(self._config, "metrics", ssl_context=ssl_context)
 
     @property
     def url(self) -> str:
@@ -243,89 +305,11 @@ class MetricsServer:
         return f"{scheme}://{host}:{self.port}{METRICS_PATH}"
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port, ssl=self.ssl_context,
-                                                  ssl_handshake_timeout=READ_TIMEOUT_S if self.ssl_context else None)
-        self.port = self._server.sockets[0].getsockname()[1]
+        """Bind and serve; OSError when the address cannot be bound."""
+        await self._server.start()
+        self.port = self._server.port
         log.info("metrics on %s", self.url)
 
     async def stop(self) -> None:
-        """Stop listening and drop connections still sending their request."""
-        if self._server is None:
-            return
-        self._server.close()
-        for handler in list(self._handlers):
-            handler.cancel()
-        if self._handlers:
-            await asyncio.wait(list(self._handlers))
-        await self._server.wait_closed()
-        self._server = None
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        handler = asyncio.current_task()
-        self._handlers.add(handler)
-        try:
-            try:
-                method, target, authorization = await asyncio.wait_for(_read_request(reader), READ_TIMEOUT_S)
-            except ValueError:  # not HTTP/1.x, or a line past the reader's limit
-                writer.write(_response(400, "Bad Request", "bad request\n"))
-            else:
-                if self.tokens and not self.tokens.check_bearer(authorization):
-                    writer.write(_response(401, "Unauthorized", "missing or wrong token: send "
-                                           "'Authorization: Bearer <token>'\n",
-                                           extra=('WWW-Authenticate: Bearer realm="fern"',)))
-                else:
-                    writer.write(self._answer(method, target))
-            await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, ssl.SSLError):
-            pass  # the scraper went away, never finished its request, or failed the TLS handshake
-        except asyncio.CancelledError:
-            pass  # stop() ends the connection
-        finally:
-            self._handlers.discard(handler)
-            writer.close()
-
-    def _answer(self, method: str, target: str) -> bytes:
-        path = target.split("?", 1)[0]
-        if method not in ("GET", "HEAD"):
-            return _response(405, "Method Not Allowed", f"method {method} not allowed: use GET\n",
-                             extra=("Allow: GET, HEAD",))
-        if path != METRICS_PATH:
-            return _response(404, "Not Found", f"{path} not found: metrics are at {METRICS_PATH}\n",
-                             head=method == "HEAD")
-        try:
-            body = render(self.models, self.extras) + (
-                self.limiter.exposition() if self.limiter is not None else "")
-        except Exception as error:  # our bug: the scraper sees 500, the log has the traceback
-            log.exception("rendering /metrics failed")
-            return _response(500, "Internal Server Error", f"internal error: {error}\n",
-                             head=method == "HEAD")
-        return _response(200, "OK", body, content_type=CONTENT_TYPE, head=method == "HEAD")
-
-
-async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, str | None]:
-    """The method, target and Authorization header of an HTTP/1.x request; other headers are ignored."""
-    request_line = await reader.readline()
-    if not request_line:
-        raise asyncio.IncompleteReadError(b"", None)
-    parts = request_line.decode("latin-1").split()
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise ValueError(f"not an HTTP/1.x request line: {request_line[:80]!r}")
-    authorization = None
-    for _ in range(MAX_HEADER_LINES):
-        line = await reader.readline()
-        if line in (b"\r\n", b"\n"):
-            return parts[0], parts[1], authorization
-        name, _, value = line.decode("latin-1").partition(":")
-        if name.strip().lower() == "authorization":
-            authorization = value.strip()
-        if not line:
-            raise asyncio.IncompleteReadError(b"", None)
-    raise ValueError(f"more than {MAX_HEADER_LINES} header lines")
-
-
-def _response(status: int, reason: str, body: str, *, content_type: str = "text/plain; charset=utf-8",
-              extra: tuple[str, ...] = (), head: bool = False) -> bytes:
-    payload = body.encode()
-    headers = [f"HTTP/1.1 {status} {reason}", f"Content-Type: {content_type}",
-               f"Content-Length: {len(payload)}", "Connection: close", *extra]
-    return ("\r\n".join(headers) + "\r\n\r\n").encode() + (b"" if head else payload)
+        """Stop listening and close the scrapers' connections."""
+        await self._server.stop()

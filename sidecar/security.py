@@ -352,22 +352,10 @@ class AuthLimiter:
         return sum(r.failures > self.config.lockout_after and now - r.last <= self.config.lockout_s
                    for r in self._records.values())
 
-    def exposition(self, door: str = "grpc") -> str:
-        """Prometheus text lines for the limiter's counters, labelled with the door they count."""
-        return "\n".join((
-            "# HELP fern_auth_failures_total Calls refused for a missing or wrong token.",
-            "# TYPE fern_auth_failures_total counter",
-            f"fern_auth_failures_total{{door=\"{door}\"}} {self.failures_total}",
-            "# HELP fern_auth_refused_total Of those, calls refused at once because their address was over its limit.",
-            "# TYPE fern_auth_refused_total counter",
-            f"fern_auth_refused_total{{door=\"{door}\"}} {self.refused_total}",
-            "# HELP fern_auth_locked_addresses Addresses refused at once now for too many failed authentications.",
-            "# TYPE fern_auth_locked_addresses gauge",
-            f"fern_auth_locked_addresses{{door=\"{door}\"}} {self.locked_addresses()}",
-            "# HELP fern_auth_held_calls Wrong-token calls being held for their back-off now.",
-            "# TYPE fern_auth_held_calls gauge",
-            f"fern_auth_held_calls{{door=\"{door}\"}} {self._held}",
-        )) + "\n"
+    @property
+    def held_calls(self) -> int:
+        """Wrong-token calls being held for their back-off now."""
+        return self._held
 
 
 class _Hold:

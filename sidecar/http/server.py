@@ -1,15 +1,12 @@
 """The HTTP door's server: uvicorn (httptools) serving the HttpApp on the sidecar's own event loop.
 
 `HttpServer` is a start()/stop() extra of the gRPC `Sidecar`: it shares the sidecar's
-Gateway and loop (uvicorn's `Server.startup()` / `shutdown()` run in the loop that runs
-grpc.aio; uvicorn's `serve()` is not used because it would take over SIGTERM/SIGINT, which
-`fern serve` handles itself). `stop()` drains: new requests get 503, requests in flight are
+Gateway and loop (through `InLoopServer`). `stop()` drains: new requests get 503, requests in flight are
 answered, idle keep-alive connections close, then the listener closes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import ssl
 
@@ -18,6 +15,7 @@ import uvicorn
 from sidecar.gateway import Gateway
 from sidecar.http.app import Authorizer, HttpApp
 from sidecar.http.body import DEFAULT_MAX_BODY_BYTES
+from sidecar.inloop import InLoopServer
 from sidecar.metrics import HttpMetrics
 from sidecar.security import AuthLimiter
 
@@ -57,8 +55,7 @@ class HttpServer:
             log_config=None, proxy_headers=False, server_header=False, timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=grace, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
             ssl_ca_certs=ssl_ca_certs, ssl_cert_reqs=ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_NONE)
-        self._server: uvicorn.Server | None = None
-        self._ticks: asyncio.Task | None = None
+        self._server = InLoopServer(self._config, "HTTP")
 
     @property
     def scheme(self) -> str:
@@ -71,34 +68,13 @@ class HttpServer:
 
     async def start(self) -> None:
         """Bind and serve; OSError when the address cannot be bound."""
-        # uvicorn logs its own start line at INFO; `fern serve` prints the URL itself.
-        logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
-        config = self._config
-        if not config.loaded:
-            config.load()
-        server = uvicorn.Server(config)
-        server.lifespan = config.lifespan_class(config)
-        try:
-            await server.startup()
-        except SystemExit:  # uvicorn's answer to a failed bind (it has logged the OSError)
-            raise OSError(f"could not bind HTTP on {self.host}:{self.bound_port} (port in use, or not an "
-                          "address of this host?)") from None
-        self._server = server
-        self.bound_port = server.servers[0].sockets[0].getsockname()[1]
-        # uvicorn's tick: the Date header, once a second, and noticing should_exit.
-        self._ticks = asyncio.ensure_future(server.main_loop())
+        await self._server.start()
+        self.bound_port = self._server.port
         log.info("HTTP on %s", self.url)
 
     async def stop(self) -> None:
         """Drain: refuse new requests (503), answer those in flight, close connections and the listener."""
-        server = self._server
-        if server is None:
-            return
-        self._server = None
         self.app.begin_drain()
         if not await self.app.wait_idle(self.grace):
             log.warning("HTTP requests still running after %.1fs of drain; cancelling them", self.grace)
-        server.should_exit = True
-        if self._ticks is not None:
-            await self._ticks
-        await server.shutdown()
+        await self._server.stop()

@@ -102,7 +102,7 @@ class Metrics:
             text = response.read().decode()
         values = {}
         for line in text.splitlines():
-            if m := re.match(r'(fern_\w+)\{[^}]*lane="(\w+)"[^}]*\} (\d+)$', line):
+            if m := re.match(r'(fern_\w+)\{[^}]*lane="(\w+)"[^}]*\} (\d+)(?:\.0)?$', line):
                 values[(m.group(1), m.group(2))] = int(m.group(3))
         return values
 

@@ -14,15 +14,13 @@ import numpy as np
 import pytest
 
 from core_engine.graphs import GraphCounters
+from prometheus_client.parser import text_string_to_metric_families
+
 from sidecar.cli import build_parser
 from sidecar.client import FernClient, FernError
 from sidecar.metrics import render
 from sidecar.scheduler import Scheduler
 
-# A sample line of the text format 0.0.4: name, optional {labels}, value (no timestamps here).
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"')
-_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 ONLINE_TEXTS = ["What is the capital of France?", "vector search", "a"]
 BATCH_TEXTS = ["Embedding models map text to dense vectors. " * 6, "hello world", "ok", "東京"]
 
@@ -35,34 +33,17 @@ def free_port() -> int:
 
 
 def parse_exposition(text: str) -> dict[tuple[str, frozenset], float]:
-    """Samples of a text exposition by (name, labels); fails on any line the format does not allow."""
-    assert text.endswith("\n"), "the exposition must end with a line feed"
-    types: dict[str, str] = {}
+    """Samples of a text exposition by (name, labels), read with Prometheus's own parser."""
     samples: dict[tuple[str, frozenset], float] = {}
-    for number, line in enumerate(text[:-1].split("\n"), 1):
-        if line.startswith("# HELP "):
-            continue
-        if line.startswith("# TYPE "):
-            _, _, name, kind = line.split(" ")
-            assert kind in ("counter", "gauge"), line
-            assert name not in types, f"line {number}: family {name} declared twice"
-            assert kind != "counter" or name.endswith("_total"), f"line {number}: counter {name}"
-            types[name] = kind
-            continue
-        match = _SAMPLE.match(line)
-        assert match, f"line {number} is not `name{{labels}} number`: {line!r}"
-        name, label_text, value = match.groups()
-        assert name in types, f"line {number}: {name} has no # TYPE before its samples"
-        labels = {}
-        if label_text:
-            pairs = list(_LABEL.finditer(label_text))
-            assert ",".join(p.group(0) for p in pairs) == label_text, f"line {number}: labels {label_text!r}"
-            labels = {p.group(1): re.sub(r'\\[\\"n]', lambda m: _UNESCAPE[m.group(0)], p.group(2))
-                      for p in pairs}
-        key = (name, frozenset(labels.items()))
-        assert key not in samples, f"line {number}: sample repeated: {line!r}"
-        samples[key] = float(value)
-        assert math.isfinite(samples[key]) and samples[key] >= 0, line
+    for family in text_string_to_metric_families(text):
+        assert family.type in ("counter", "gauge", "histogram"), family
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue  # prometheus_client's creation time of a labelled child
+            key = (sample.name, frozenset(sample.labels.items()))
+            assert key not in samples, f"sample repeated: {sample}"
+            assert math.isfinite(sample.value) and sample.value >= 0, sample
+            samples[key] = sample.value
     return samples
 
 
@@ -80,7 +61,7 @@ def scrape(port: int, path: str = "/metrics", method: str = "GET") -> tuple[int,
 def metrics(port: int) -> dict[tuple[str, frozenset], float]:
     status, content_type, body = scrape(port)
     assert status == 200, body
-    assert content_type == "text/plain; version=0.0.4; charset=utf-8"
+    assert content_type.startswith("text/plain; version=") and "charset=utf-8" in content_type
     return parse_exposition(body)
 
 
@@ -186,7 +167,7 @@ def test_other_paths_are_not_found_and_only_get_is_allowed(metrics_sidecar):
     assert scrape(port, "/metricsx")[0] == 404
     assert scrape(port, "/metrics?name[]=fern_queue_tokens")[0] == 200
     status, content_type, body = scrape(port, method="HEAD")
-    assert (status, body) == (200, "") and "version=0.0.4" in content_type
+    assert (status, body) == (200, "") and content_type.startswith("text/plain; version=")
     assert scrape(port, method="POST")[0] == 405
     with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
         raw.sendall(b"not http\r\n\r\n")
