@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import threading
 import time
 from collections import deque
@@ -44,6 +43,7 @@ from adapters.postgres.chunking import split_in_half, split_text
 from adapters.postgres.installer import is_installed
 from adapters.postgres.vectorizer import (NOTIFY_CHANNEL, Vectorizer, list_vectorizers,
                                           swap_if_ready)
+from adapters.progress import Progress
 from sidecar.client import Embeddings, FernClient, FernError
 
 log = logging.getLogger("fern.pg.worker")
@@ -114,38 +114,6 @@ class WorkerStats:
     record_claims: bool = False
 
 
-class _Progress:
-    """A one-line progress bar on stderr: done, rows/s, remaining and an ETA."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.start = time.monotonic()
-        self.done = 0
-        self.last = 0.0
-
-    def update(self, done: int, remaining: int | None) -> None:
-        if not self.enabled:
-            return
-        self.done += done
-        if remaining is None:
-            return
-        now = time.monotonic()
-        self.last = now
-        rate = self.done / max(now - self.start, 1e-6)
-        rem = remaining or 0
-        total = self.done + rem
-        frac = self.done / total if total else 1.0
-        bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
-        eta = f"{rem / rate:5.0f}s" if rate > 0 and rem else "   --"
-        sys.stderr.write(f"\r[{bar}] {self.done:>8} rows  {rate:8.0f} rows/s  "
-                         f"{rem:>8} remaining  eta {eta}")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled and self.done:
-            sys.stderr.write("\n")
-
-
 def _raw(conn: psycopg.Connection, query: sql.Composable, params: list) -> psycopg.RawCursor:
     """Run `query` with `$n` parameters; no client-side placeholder parsing happens at all."""
     cur = psycopg.RawCursor(conn)
@@ -173,7 +141,8 @@ class Worker:
         self._stopping = threading.Event()
         self._backoff = 0.0
         self._claim_lock = threading.RLock()
-        self._progress = _Progress(config.progress)
+        self._progress = Progress("fern worker", enabled=config.progress)
+        self._remaining_at = 0.0  # when the queue's depth was last counted for the bar
         self._claim_conn: psycopg.Connection | None = None
         self._write_conn: psycopg.Connection | None = None
 
@@ -511,7 +480,7 @@ class Worker:
         self.stats.rows_stale += len(present) - written
         self.stats.batches += 1
         if self._progress.enabled:
-            self._progress.update(len(batch.items), self._remaining())
+            self._progress.advance(len(batch.items), self._remaining())
         return len(batch.items)
 
     def _write_rows(self, conn: psycopg.Connection, batch: _Batch, present: list[_Item],
@@ -585,8 +554,10 @@ class Worker:
         return len(fresh)
 
     def _remaining(self) -> int | None:
-        if time.monotonic() - self._progress.last < 0.2:
+        now = time.monotonic()
+        if now - self._remaining_at < 0.2:
             return None
+        self._remaining_at = now
         assert self._write_conn is not None
         return self._write_conn.execute("SELECT count(*) FROM fern.queue").fetchone()[0]
 

@@ -21,7 +21,7 @@ from qdrant_client import QdrantClient, models
 
 from adapters.qdrant.collection import CollectionLayout
 from adapters.qdrant.documents import qdrant_sparse
-from adapters.qdrant.progress import Progress
+from adapters.progress import Progress
 from sidecar.client import Embeddings, FernClient, FernError
 
 # Fixed namespace: the same record id gives the same point id in every run and process.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import socket
 from dataclasses import dataclass
 
@@ -12,7 +11,6 @@ from qdrant_client import QdrantClient
 
 from adapters.qdrant.client import FernQdrantClient
 from adapters.qdrant.ingest import IngestError, point_id
-from adapters.qdrant.progress import Progress
 from sidecar.client import FernClient
 
 
@@ -164,7 +162,7 @@ def test_bad_records_are_named(fern, collection_name):
     client.close()
 
 
-def test_progress_line_and_payload_from_dataclasses(fern, collection_name):
+def test_payload_from_dataclasses(fern, collection_name):
     @dataclass
     class Note:
         nid: int
@@ -177,16 +175,6 @@ def test_progress_line_and_payload_from_dataclasses(fern, collection_name):
     assert {p.payload["text"] for p in all_points(client, collection_name)} == {
         "first note", "second note"}
     client.close()
-
-    out = io.StringIO()
-    bar = Progress("ingest docs", total=200, stream=out, enabled=True, interval=0)
-    bar.update(50)
-    bar.close(200)
-    assert "\ringest docs: 50/200 (25%) rows" in out.getvalue()
-    assert out.getvalue().endswith("rows/s \n")
-    quiet = io.StringIO()
-    Progress("x", stream=quiet).update(5)  # StringIO is not a terminal: nothing is drawn
-    assert quiet.getvalue() == ""
 
 
 def test_qdrant_failure_mid_ingest_reports_progress(fern, collection_name, monkeypatch):
