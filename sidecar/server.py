@@ -518,7 +518,7 @@ def _denied(response_streaming: bool, limiter: AuthLimiter) -> grpc.RpcMethodHan
 
 
 def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
-    """The gRPC server options a Sidecar runs with (benchmarks/grpc_floor.py measures them alone)."""
+    """The gRPC server options a Sidecar runs with (tools/profiling/grpc_floor.py measures them alone)."""
     return [("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0), *ADMISSION_OPTIONS]

@@ -36,7 +36,7 @@ Such texts go through a twin of the tokenizer that does exactly that: Python's `
 bookkeeping) and a one-regex `Split` pre-tokenizer, with no normalizer at all. The twin
 gives the same ids at 2.3x the shipped pipeline's tokens/s on one core of the H200 host
 (MiniLM passages, 0.34 -> 0.78 M); on its 16 cores the sliced path went 5.3 -> 7.7 M tokens/s
-(`python -m benchmarks.tokenize_bench`). What remains serial there is Python's share under
+(`python -m tools.profiling.tokenize_bench`). What remains serial there is Python's share under
 the GIL: building the id lists and freeing the Encoding objects (~50 ns a token, more for
 short texts); the `tokenizers` API returns nothing leaner than an Encoding, so the twin
 makes fewer of them by joining JOIN_TEXTS texts into one input. Texts that hold an added
@@ -50,7 +50,7 @@ goes a word at a time, so a text's ids are its blank-separated chunks' ids in or
 in a bounded memo (MEMO_CHUNKS) that twin calls fill on misses; special tokens and
 truncation are then applied as the post-processor applies them. On a 2-core host, `encode` of
 one 128-token query went from 97 to 18 us once its chunks were known (16 tokens: 25 to 3.7 us),
-and costs 150 us when none is (`python -m benchmarks.tokenize_bench --single-only`).
+and costs 150 us when none is (`python -m tools.profiling.tokenize_bench --single-only`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""benchmarks.startup on the CPU: each phase in a fresh interpreter, the engine's parts in its JSON."""
+"""tools.profiling.startup on the CPU: each phase in a fresh interpreter, the engine's parts in its JSON."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.startup import main
+from tools.profiling.startup import main
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks how a phase that needs CUDA fails without it")
@@ -19,7 +19,7 @@ def test_startup_times_each_phase_in_a_fresh_process(tmp_path: Path) -> None:
     assert main(["--model", str(default_model_dir()), "--device", "cpu", "--rounds", "2",
                  "--only", "read: loader", "engine", "cuda context", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert result["command"].startswith("python -m benchmarks.startup --model")
+    assert result["command"].startswith("python -m tools.profiling.startup --model")
     assert result["checkpoint_bytes"] > 0
     runs = result["runs"]
     assert [len(runs[name]) for name in ("read: loader", "engine", "cuda context")] == [2, 2, 2]

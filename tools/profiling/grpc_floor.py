@@ -1,6 +1,6 @@
 """The gRPC floor: a Python round trip to a server that returns a ready Embed response, per server kind and gRPC setting.
 
-`python -m benchmarks.grpc_floor [--out FILE]` starts, for each variant, a bare server in
+`python -m tools.profiling.grpc_floor [--out FILE]` starts, for each variant, a bare server in
 a subprocess (grpc.aio, as `fern serve` runs, or the thread-pool server) whose Embed
 returns a ready 1,024-float response, and times `--iters` sequential calls from a sync
 client (as FernClient) in another subprocess. Variants differ in environment settings
@@ -13,7 +13,7 @@ settings and a 384-float response: the bare server plus one sidecar ingredient a
 (FERN_FLOOR_ADD: server options, health and reflection servicers, the loaded Registry's
 threads in the process), the whole Sidecar answering with the bare handler, a handler that
 waits (polled, or for a thread) as long as the sidecar's does, and the sidecar itself on the
-stand-in engine of `benchmarks.overhead --engine-us` (the bundled MiniLM's, or FERN_FLOOR_MODEL's
+stand-in engine of `tools.profiling.overhead --engine-us` (the bundled MiniLM's, or FERN_FLOOR_MODEL's
 directory where the package is not installed). `--rounds N` runs the chosen variants N
 times, interleaved, and reports each p50 and their median.
 """
@@ -64,7 +64,7 @@ WAIT_S = 0.001
 # keeps the whole sidecar but answers Embed as the bare server does.
 INGREDIENTS = ("options", "health", "reflection", "registry", "bare-handler")
 # The bisection of the sidecar's excess over the bare floor (`--only` these, `--rounds` 3): all on
-# uvloop with fern's settings and MiniLM's 384-float response, as `benchmarks.overhead --loop uvloop`.
+# uvloop with fern's settings and MiniLM's 384-float response, as `tools.profiling.overhead --loop uvloop`.
 _UV = {"GRPC_EXPERIMENTS": _NO_EE, "FERN_FLOOR_LOOP": "uvloop", "FERN_FLOOR_DIMENSIONS": "384"}
 _CLIENT = {"GRPC_EXPERIMENTS": "-event_engine_client"}
 VARIANTS.update({
@@ -137,7 +137,7 @@ def serve(port: int) -> None:
         raise SystemExit(f"FERN_FLOOR_ADD: unknown ingredient(s) {sorted(unknown)}; known: {INGREDIENTS}")
 
     async def main() -> None:
-        from benchmarks.overhead import _bare_server  # the floor `benchmarks.overhead` measures too
+        from tools.profiling.overhead import _bare_server  # the floor `tools.profiling.overhead` measures too
         from sidecar.server import server_options
 
         if os.environ.get("FERN_FLOOR_SERVER") == "sidecar":
@@ -145,7 +145,7 @@ def serve(port: int) -> None:
             return
         registry = None
         if "registry" in adds:  # the sidecar's engines, schedulers and tokenizer threads, idle
-            from benchmarks.overhead import stand_in_registry
+            from tools.profiling.overhead import stand_in_registry
 
             registry = await stand_in_registry(os.environ.get("FERN_FLOOR_MODEL"), "cpu", 1000)
             await registry.start()
@@ -180,7 +180,7 @@ async def _sidecar(port: int, dimensions: int, adds: set[str], wait) -> None:
     """The sidecar `fern serve` runs, on the stand-in engine (FERN_FLOOR_ENGINE_US, default 1,000 us);
     with "bare-handler" in `adds`, its Embed is the bare server's handler (`dimensions` floats,
     awaiting `wait` first)."""
-    from benchmarks.overhead import _bare_embed, stand_in_registry
+    from tools.profiling.overhead import _bare_embed, stand_in_registry
     from sidecar.server import Sidecar
 
     registry = await stand_in_registry(os.environ.get("FERN_FLOOR_MODEL"), "cpu",
@@ -197,7 +197,7 @@ def _wait(mode: str):
     for the engine's) that finishes the wait and wakes the loop, or by polling the time between
     loop callbacks."""
     if mode == "poll":
-        from benchmarks.overhead import polling_wait
+        from tools.profiling.overhead import polling_wait
 
         return polling_wait(_wait_s())
 
@@ -254,10 +254,10 @@ def _measure(env: tuple[dict[str, str], dict[str, str], dict[str, str]], iters: 
     """One variant: its server in a subprocess, `iters` timed calls from a client subprocess."""
     both, server_env, client_env = env
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "benchmarks.grpc_floor", "--serve", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "tools.profiling.grpc_floor", "--serve", str(port)],
                               env={**os.environ, **both, **server_env})
     try:
-        out = subprocess.run([sys.executable, "-m", "benchmarks.grpc_floor", "--client", str(port),
+        out = subprocess.run([sys.executable, "-m", "tools.profiling.grpc_floor", "--client", str(port),
                               "--iters", str(iters)], env={**os.environ, **both, **client_env},
                              capture_output=True, text=True, timeout=120)
         return json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {
@@ -268,7 +268,7 @@ def _measure(env: tuple[dict[str, str], dict[str, str], dict[str, str]], iters: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.grpc_floor", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tools.profiling.grpc_floor", description=__doc__.splitlines()[0])
     p.add_argument("--iters", type=int, default=2000)
     p.add_argument("--out", default=None, help="JSON file (default: print only)")
     p.add_argument("--only", nargs="+", default=None, metavar="VARIANT", help="run only these variants")
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                "p50_us_median": statistics.median(r["p50_us"] for r in runs if "p50_us" in r),
                "rounds": runs}
         for name, runs in rounds.items()}
-    doc = {"command": "python -m benchmarks.grpc_floor " + " ".join(argv if argv is not None else sys.argv[1:]),
+    doc = {"command": "python -m tools.profiling.grpc_floor " + " ".join(argv if argv is not None else sys.argv[1:]),
            "machine": machine(), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "env": {name: VARIANTS[name] for name in names}, "round_trip": results}
     if args.out:

@@ -1,0 +1,1 @@
+"""Developer tools of the source tree: probes, device-run scripts, protocol checks."""
