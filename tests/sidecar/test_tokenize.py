@@ -296,7 +296,7 @@ def test_a_query_needs_no_rust_call_and_a_warm_one_no_wordpiece(spec, memo_tok, 
     monkeypatch.setattr(sidecar.tokenize.AsciiTwin, "encode", _rust_only)
     monkeypatch.setattr(memo_tok.core.memo, "_tokenizer", None)  # any Rust call would now fail
     unseen = "Qwertyuiop zxcvbnm, 31415 (unaffable)!"
-    assert memo_tok.encode([unseen]) == [reference.encode(unseen).ids]  # its chunks through _WordPiece
+    assert memo_tok.encode([unseen]) == [reference.encode(unseen).ids]  # its chunks through WordPiece
     monkeypatch.setattr(memo_tok.core.memo, "_wordpiece", None)  # now any miss would fail
     for seen in (text, "WHICH team, and why?\n", "fits fits a database", unseen):
         assert memo_tok.encode([seen]) == [reference.encode(seen).ids]
