@@ -1,10 +1,10 @@
 """Worker processes that tokenize bulk requests, each with its own GIL, shared by a sidecar's models.
 
-Reading ids off Encodings holds the GIL ~50 ns a token, and in one process that GIL is also the
-engine loop's; on a host with cores to spare a bulk request's slices are tokenized in worker
-processes instead. A worker sends its ids back as int32 bytes, which become lists here at
-~10 ns a token. The processes are spawned (the parent holds CUDA and threads), so they start
-from a clean interpreter.
+Reading ids off Encodings holds the GIL, and in one process that GIL is also the engine loop's;
+on a host with cores to spare a bulk request's slices are tokenized in worker processes instead.
+A worker sends its ids back as int32 bytes, which become lists here for a fraction of what
+reading them off Encodings costs. The processes are spawned (the parent holds CUDA and threads),
+so they start from a clean interpreter.
 """
 
 from __future__ import annotations
