@@ -14,7 +14,7 @@ FastEmbed BM25 (k1 = 1.2, b = 0.75, avgdl = 256 tokens).
 The gateway builds sparse vectors from the input text *without* the prompt template
 (a "query: " prefix on every query would match every document) and *without*
 truncation at the model's limit: a long document keeps the terms of its first
-SPARSE_MAX_TOKENS tokens (sidecar/tokenize.py; 8,192), which bounds what one huge
+SPARSE_MAX_TOKENS tokens (sidecar/tokenize/windows.py; 8,192), which bounds what one huge
 text costs.
 """
 

@@ -49,15 +49,15 @@ texts = st.lists(st.sampled_from(PIECES), min_size=1, max_size=300).map("".join)
 @given(text=texts, how=st.sampled_from(["truncate", "full", "plain"]))
 def test_a_long_text_tokenized_in_windows_gets_the_whole_texts_ids(text, how, monkeypatch):
     # Small windows, so that hypothesis' texts cross many cuts (the bundled tokenizer, 16-token limit).
-    monkeypatch.setattr(tokenize, "LONG_TEXT_CHARS", 8)
-    monkeypatch.setattr(tokenize, "LONG_WINDOW_CHARS", 5)
+    monkeypatch.setattr(tokenize.core, "LONG_TEXT_CHARS", 8)
+    monkeypatch.setattr(tokenize.core, "LONG_WINDOW_CHARS", 5)
     tok = _tokenizer()
-    whole = tok._ids_of_short([text], how)[0]
-    got = tok._ids_of([text], how)[0]
+    whole = tok.core._ids_of_short([text], how)[0]
+    got = tok.core.ids_of([text], how)[0]
     if how == "plain":
         assert got == whole[:tokenize.SPARSE_MAX_TOKENS]
-    elif how == "full" and len(whole) > tok._room:  # refused: enough of its ids to know it is over
-        assert len(got) > tok._room and got[:-1] == whole[:len(got) - 1]
+    elif how == "full" and len(whole) > tok.core.room:  # refused: enough of its ids to know it is over
+        assert len(got) > tok.core.room and got[:-1] == whole[:len(got) - 1]
     else:
         assert got == whole
 

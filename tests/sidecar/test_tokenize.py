@@ -149,11 +149,10 @@ def test_ids_equal_the_shipped_pipeline_on_every_kind_of_text(spec, tok, rust_th
     # pure-ASCII batches, mixed batches and one text at a time.
     from tokenizers import Tokenizer
 
-    import sidecar.tokenize
+    for twin in (tok.core.full_twin, tok.core.truncating_twin):
+        monkeypatch.setattr(twin, "rust_threads", rust_threads)
 
-    monkeypatch.setattr(sidecar.tokenize, "_RUST_THREADS", rust_threads)
-
-    assert tok._truncating_twin is not None and tok._full_twin is not None  # the twin exists here
+    assert tok.core.truncating_twin is not None and tok.core.full_twin is not None  # the twin exists here
     reference = Tokenizer.from_file(str(spec.tokenizer_path))
     reference.no_padding()
     reference.no_truncation()
@@ -168,7 +167,7 @@ def test_ids_equal_the_shipped_pipeline_on_every_kind_of_text(spec, tok, rust_th
     cut_at = spec.max_tokens * CUT_CHARS_PER_TOKEN
     over = [(len(t), len(ids)) for t, ids in zip(texts, plain) if len(t) > cut_at and " " in t]
     assert any(n < spec.max_tokens for _, n in over) and any(n > spec.max_tokens for _, n in over)
-    ascii_only = [i for i, t in enumerate(texts) if tok._full_twin.fits(t)]
+    ascii_only = [i for i, t in enumerate(texts) if tok.core.full_twin.fits(t)]
     assert 0 < len(ascii_only) < len(texts)  # both paths are exercised
     assert tok.encode(texts) == [_cut(ids, spec.max_tokens) for ids in full]
     assert tok.encode_plain(texts) == plain
@@ -182,7 +181,7 @@ def test_ids_equal_the_shipped_pipeline_on_every_kind_of_text(spec, tok, rust_th
 
 
 def test_the_twin_takes_ascii_and_leaves_what_the_normalizer_changes(tok):
-    twin = tok._full_twin
+    twin = tok.core.full_twin
     for text in ["Hello, World!", "two\nlines\tand a tab\r\n", "", "   ", "[CL S]", "x" * 5000]:
         assert twin.fits(text), repr(text)
     for text in ["Café", "中文", "bell\x07", "nul\x00", "del\x7f", "vt\x0b", "\u00a0", "a [SEP] b", "[cls]"]:
@@ -201,7 +200,7 @@ def test_tokenizers_without_a_bert_pipeline_get_no_twin_and_their_own_ids(spec, 
         reference.no_padding()
         t = TextTokenizer(path, 256, workers=1)
         try:
-            assert t._full_twin is None and t._truncating_twin is None
+            assert t.core.full_twin is None and t.core.truncating_twin is None
             text = "Hello, World... CAFÉ"
             assert t.encode([text]) == [reference.encode(text).ids]
         finally:
@@ -222,8 +221,8 @@ def test_other_post_processors_keep_the_twin_without_joining_texts(spec, tok, tm
     reference.enable_truncation(256)
     t = TextTokenizer(path, 256, workers=1)
     try:
-        assert t._full_twin is not None and t._full_twin._join is None
-        assert tok._full_twin._join is not None  # the shipped template is joined
+        assert t.core.full_twin is not None and t.core.full_twin.joint is None
+        assert tok.core.full_twin.joint is not None  # the shipped template is joined
         texts = ["Hello, World!", "", "word " * 300, "two  spaces\tand tab"]
         assert t.encode(texts) == [e.ids for e in reference.encode_batch(texts)]
     finally:
@@ -267,9 +266,9 @@ def test_query_sized_requests_take_the_chunk_memo_and_get_the_shipped_ids(spec, 
     reference.no_padding()
     reference.no_truncation()
     small = [t for t in _differential_texts(7) + _MEMO_TEXTS
-             if len(t) <= sidecar.tokenize.INLINE_CHARS and memo_tok._full_twin.fits(t)]
+             if len(t) <= sidecar.tokenize.INLINE_CHARS and memo_tok.core.full_twin.fits(t)]
     assert len(small) > 100
-    monkeypatch.setattr(sidecar.tokenize._AsciiTwin, "encode", _rust_only)
+    monkeypatch.setattr(sidecar.tokenize.AsciiTwin, "encode", _rust_only)
     full = [e.ids for e in reference.encode_batch(small)]
     plain = [e.ids for e in reference.encode_batch(small, add_special_tokens=False)]
     assert 100 in sum(plain, []) and any(len(ids) > spec.max_tokens for ids in full)  # [UNK], truncation
@@ -279,7 +278,7 @@ def test_query_sized_requests_take_the_chunk_memo_and_get_the_shipped_ids(spec, 
             assert memo_tok.encode_plain([text]) == [bare], repr(text)
             if len(ids) <= spec.max_tokens:
                 assert memo_tok.encode([text], truncate=False) == [ids], repr(text)
-        assert memo_tok._chunks._memo
+        assert memo_tok.core.memo._memo
     # Up to INLINE_TEXTS texts a request, ASCII or not: each gets its own ids, in order.
     mixed = ["Café au lait", "plain words", "", "中文 and ascii"]
     assert memo_tok.encode(mixed) == [_cut(e.ids, spec.max_tokens) for e in reference.encode_batch(mixed)]
@@ -294,11 +293,11 @@ def test_a_query_needs_no_rust_call_and_a_warm_one_no_wordpiece(spec, memo_tok, 
     reference.no_padding()
     text = "Which vector database fits a small team, and why?"
     memo_tok.encode([text])
-    monkeypatch.setattr(sidecar.tokenize._AsciiTwin, "encode", _rust_only)
-    monkeypatch.setattr(memo_tok._chunks, "_tokenizer", None)  # any Rust call would now fail
+    monkeypatch.setattr(sidecar.tokenize.AsciiTwin, "encode", _rust_only)
+    monkeypatch.setattr(memo_tok.core.memo, "_tokenizer", None)  # any Rust call would now fail
     unseen = "Qwertyuiop zxcvbnm, 31415 (unaffable)!"
-    assert memo_tok.encode([unseen]) == [reference.encode(unseen).ids]  # its chunks through _WordPiece
-    monkeypatch.setattr(memo_tok._chunks, "_wordpiece", None)  # now any miss would fail
+    assert memo_tok.encode([unseen]) == [reference.encode(unseen).ids]  # its chunks through WordPiece
+    monkeypatch.setattr(memo_tok.core.memo, "_wordpiece", None)  # now any miss would fail
     for seen in (text, "WHICH team, and why?\n", "fits fits a database", unseen):
         assert memo_tok.encode([seen]) == [reference.encode(seen).ids]
     with pytest.raises(AttributeError):
@@ -313,8 +312,8 @@ def test_wordpiece_in_python_gives_the_rust_ids_of_every_chunk(memo_tok):
     import string
 
     rng = random.Random(3)
-    wordpiece, rust = memo_tok._chunks._wordpiece, memo_tok._chunks._tokenizer
-    vocab = list(wordpiece._vocab)
+    wordpiece, rust = memo_tok.core.memo._wordpiece, memo_tok.core.memo._tokenizer
+    vocab = list(wordpiece.vocab)
     chunks = ["x" * 99, "y" * 100, "z" * 101, "a" * 100 + "!" + "b" * 101, "!!!", "3.14", "e-mail:",
               "don't", "[unk]", "##ing", "#", "~`^", "\\"]
     for _ in range(4000):
@@ -326,7 +325,7 @@ def test_wordpiece_in_python_gives_the_rust_ids_of_every_chunk(memo_tok):
         else:
             chunk = "".join(rng.choice(string.printable[:94]) for _ in range(rng.randint(1, 40)))
         chunk = "".join(chunk.lower().split())
-        if chunk and memo_tok._full_twin.fits(chunk):
+        if chunk and memo_tok.core.full_twin.fits(chunk):
             chunks.append(chunk)
     assert len(chunks) > 3000
     for chunk in chunks:
@@ -338,13 +337,13 @@ def test_bulk_requests_stay_on_rust(memo_tok):
 
     memo_tok.encode([f"text {i}" for i in range(INLINE_TEXTS + 1)])
     memo_tok.encode(["word " * (INLINE_CHARS // 5 + 1)])
-    assert not memo_tok._chunks._memo
+    assert not memo_tok.core.memo._memo
 
 
 def test_over_length_with_truncation_off_raises_as_without_the_memo(spec, memo_tok):
     without = TextTokenizer(spec.tokenizer_path, spec.max_tokens, workers=1, memo_chunks=0)
     try:
-        assert without._chunks is None
+        assert without.core.memo is None
         for texts in (["word " * 255], ["ok", "1,2;3.4!" * 60], ["a", "b", "c", "d " * 300]):
             errors = []
             for t in (memo_tok, without):
@@ -353,7 +352,7 @@ def test_over_length_with_truncation_off_raises_as_without_the_memo(spec, memo_t
                 errors.append((info.value.code, info.value.index, info.value.message))
             assert errors[0] == errors[1]
             assert errors[0][2].startswith(f"queries[{3 + len(texts) - 1}]: ")
-        assert memo_tok._chunks._memo  # the memo tokenized them
+        assert memo_tok.core.memo._memo  # the memo tokenized them
     finally:
         without.close()
 
@@ -369,7 +368,7 @@ def test_the_memo_cuts_at_every_limit_like_rust(spec, max_tokens, eos):
         for text in texts:
             assert with_memo.encode([text]) == without.encode([text]), repr(text)
             assert with_memo.encode_plain([text]) == without.encode_plain([text]), repr(text)
-        assert with_memo._chunks._memo
+        assert with_memo.core.memo._memo
     finally:
         with_memo.close()
         without.close()
@@ -378,7 +377,7 @@ def test_the_memo_cuts_at_every_limit_like_rust(spec, max_tokens, eos):
 def test_a_full_memo_is_emptied_and_the_ids_stay_right(spec, monkeypatch):
     from tokenizers import Tokenizer
 
-    from sidecar.tokenize import _ChunkIds
+    from sidecar.tokenize import ChunkMemo
 
     reference = Tokenizer.from_file(str(spec.tokenizer_path))
     reference.no_padding()
@@ -388,17 +387,17 @@ def test_a_full_memo_is_emptied_and_the_ids_stay_right(spec, monkeypatch):
         sizes = []
         for text in texts:
             assert t.encode([text]) == [reference.encode(text).ids], repr(text)
-            sizes.append(len(t._chunks._memo))
+            sizes.append(len(t.core.memo._memo))
         assert max(sizes) == 8 and 0 < min(sizes[1:]) and sizes != sorted(sizes)  # filled, emptied, refilled
-        assert t._chunks._memo.keys() >= {"one", "two", "three"}
+        assert t.core.memo._memo.keys() >= {"one", "two", "three"}
         # Only chunks up to `chars` characters are kept; a longer one is tokenized on every call.
-        t._chunks = _ChunkIds.of(t._full_twin, entries=8, chars=4)
+        t.core.memo = ChunkMemo.of(t.core.full_twin, entries=8, chars=4)
         assert t.encode(["short muchlonger"]) == [reference.encode("short muchlonger").ids]
-        assert set(t._chunks._memo) == set()  # "short" is 5 characters
-        t._chunks = _ChunkIds.of(t._full_twin, entries=8, chars=200)
+        assert set(t.core.memo._memo) == set()  # "short" is 5 characters
+        t.core.memo = ChunkMemo.of(t.core.full_twin, entries=8, chars=200)
         long_word = "q" * 101 + " " + "r" * 100
         assert t.encode([long_word]) == t.encode([long_word]) == [reference.encode(long_word).ids]
-        assert t._chunks._memo["q" * 101] == (100,)  # [UNK], as WordPiece gives a word over 100 characters
+        assert t.core.memo._memo["q" * 101] == (100,)  # [UNK], as WordPiece gives a word over 100 characters
     finally:
         t.close()
 
@@ -406,7 +405,7 @@ def test_a_full_memo_is_emptied_and_the_ids_stay_right(spec, monkeypatch):
 def test_tokenizers_whose_template_is_not_fixed_tokens_around_the_text_get_no_memo(spec, tmp_path):
     from tokenizers import Tokenizer
 
-    from sidecar.tokenize import _AsciiTwin, _ChunkIds
+    from sidecar.tokenize import AsciiTwin, ChunkMemo
 
     shipped = json.loads(spec.tokenizer_path.read_text())
     spaced = {**shipped, "added_tokens": [*shipped["added_tokens"], {
@@ -415,11 +414,11 @@ def test_tokenizers_whose_template_is_not_fixed_tokens_around_the_text_get_no_me
     doubled = {**shipped, "post_processor": {**shipped["post_processor"], "single": [
         *shipped["post_processor"]["single"], {"Sequence": {"id": "A", "type_id": 0}}]}}
     for config in (spaced, doubled, shipped):  # the shipped file pads to 128 (TextTokenizer does not)
-        twin = _AsciiTwin.of(Tokenizer.from_str(json.dumps(config)))
-        assert twin is not None and _ChunkIds.of(twin) is None
+        twin = AsciiTwin.of(Tokenizer.from_str(json.dumps(config)), rust_threads=1)
+        assert twin is not None and ChunkMemo.of(twin) is None
     unpadded = Tokenizer.from_file(str(spec.tokenizer_path))
     unpadded.no_padding()
-    assert _ChunkIds.of(_AsciiTwin.of(unpadded)) is not None
+    assert ChunkMemo.of(AsciiTwin.of(unpadded, rust_threads=1)) is not None
 
 
 @pytest.mark.parametrize("wordpiece", [True, False], ids=["wordpiece", "other-model"])
@@ -432,7 +431,7 @@ def test_a_mostly_new_text_is_tokenized_whole_and_teaches_the_memo_a_few_chunks_
     from sidecar.tokenize import MEMO_LEARN_CHUNKS
 
     if not wordpiece:
-        monkeypatch.setattr(memo_tok._chunks, "_wordpiece", None)
+        monkeypatch.setattr(memo_tok.core.memo, "_wordpiece", None)
     reference = Tokenizer.from_file(str(spec.tokenizer_path))
     reference.no_padding()
     reference.enable_truncation(spec.max_tokens)
@@ -441,12 +440,12 @@ def test_a_mostly_new_text_is_tokenized_whole_and_teaches_the_memo_a_few_chunks_
     sizes = []
     for _ in range(6):
         assert memo_tok.encode([text]) == expected
-        sizes.append(len(memo_tok._chunks._memo))
+        sizes.append(len(memo_tok.core.memo._memo))
     # 16 a call while most are new, then the rest at once.
     assert sizes[:3] == [MEMO_LEARN_CHUNKS, 2 * MEMO_LEARN_CHUNKS, 3 * MEMO_LEARN_CHUNKS] and sizes[3] == 67
-    monkeypatch.setattr(memo_tok._chunks, "_tokenizer", None)  # now all of it comes from the memo
-    monkeypatch.setattr(memo_tok._chunks, "_wordpiece", None)
-    monkeypatch.setattr(sidecar.tokenize._AsciiTwin, "encode", _rust_only)
+    monkeypatch.setattr(memo_tok.core.memo, "_tokenizer", None)  # now all of it comes from the memo
+    monkeypatch.setattr(memo_tok.core.memo, "_wordpiece", None)
+    monkeypatch.setattr(sidecar.tokenize.AsciiTwin, "encode", _rust_only)
     assert memo_tok.encode([text]) == expected
 
 

@@ -83,10 +83,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     raw.no_padding()
     raw.enable_truncation(max_tokens)
     workers = args.workers or default_workers()
-    fern = TextTokenizer(path, max_tokens, workers=workers, slice_texts=args.slice, processes=0)
+    # The twin sizes its joined inputs to Rust's pool, which RAYON_NUM_THREADS sizes when set.
+    rust_threads = int(os.environ.get("RAYON_NUM_THREADS") or 0) or None
+    fern = TextTokenizer(path, max_tokens, workers=workers, slice_texts=args.slice, processes=0,
+                         rust_threads=rust_threads)
     processes = default_processes() if args.processes is None else args.processes
     procs = TextTokenizer(path, max_tokens, workers=workers, slice_texts=args.slice,
-                          processes=processes) if processes else None
+                          processes=processes, rust_threads=rust_threads) if processes else None
     loop = asyncio.new_event_loop()
     methods: dict[str, Callable[[list[str]], list[list[int]]]] = {
         "raw": lambda texts: [e.ids for e in raw.encode_batch_fast(texts)],
@@ -116,8 +119,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     seconds[method].append(time.perf_counter() - start)
             rates = {m: tokens / statistics.median(s) for m, s in seconds.items()}
             rows[name] = {"texts": len(texts), "tokens": tokens,
-                          "ascii_twin_share": sum(map(fern._full_twin.fits, texts)) / len(texts)
-                          if fern._full_twin is not None else 0.0,
+                          "ascii_twin_share": sum(map(fern.core.full_twin.fits, texts)) / len(texts)
+                          if fern.core.full_twin is not None else 0.0,
                           "tokens_per_s": {m: round(r) for m, r in rates.items()},
                           "spread_tokens_per_s": {m: [round(tokens / max(s)), round(tokens / min(s))]
                                                   for m, s in seconds.items()},
@@ -149,13 +152,13 @@ def _single_text(args: argparse.Namespace, raw: Any, path: Path, max_tokens: int
     emptied = TextTokenizer(path, max_tokens, workers=1)
 
     def stream(texts: list[str]) -> list[list[int]]:
-        emptied._chunks._memo.clear()
+        emptied.core.memo.clear()
         return [ids for text in texts for ids in emptied.encode([text])]
 
     def cold(texts: list[str]) -> list[list[int]]:
         seqs = []
         for text in texts:
-            emptied._chunks._memo.clear()
+            emptied.core.memo.clear()
             seqs.extend(emptied.encode([text]))
         return seqs
 
@@ -168,7 +171,7 @@ def _single_text(args: argparse.Namespace, raw: Any, path: Path, max_tokens: int
     }
     rows: dict[str, Any] = {}
     try:
-        if memo._chunks is None or emptied._chunks is None:
+        if memo.core.memo is None or emptied.core.memo is None:
             raise AssertionError(f"{path} gets no chunk memo: nothing to compare")
         for name, texts in rows_texts.items():
             expected = methods["raw"](texts)
