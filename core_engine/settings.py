@@ -104,25 +104,31 @@ class SidecarConfig:
     thread. `online_poll_s`: how long the loop then polls that step's result between its other
     callbacks before a thread waits for it (0: the engine's thread collects it).
     `token_memo_chunks`: entries of the tokenizer's chunk memo (0 turns it off).
+    `tokenizer_rust_threads`: threads of the `tokenizers` library's Rust pool (None: one per core).
     """
 
     launch_on_arrival: bool = True
     online_poll_s: float = 0.020
     token_memo_chunks: int = 1 << 15
+    tokenizer_rust_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.online_poll_s < 0:
             raise ValueError(f"online_poll_s must be >= 0, got {self.online_poll_s}")
         if self.token_memo_chunks < 0:
             raise ValueError(f"token_memo_chunks must be >= 0, got {self.token_memo_chunks}")
+        if self.tokenizer_rust_threads is not None and self.tokenizer_rust_threads < 1:
+            raise ValueError(f"tokenizer_rust_threads must be >= 1, got {self.tokenizer_rust_threads}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "SidecarConfig":
-        """FERN_LAUNCH_ON_ARRIVAL, FERN_ONLINE_POLL_MS and FERN_TOKEN_MEMO_CHUNKS over the defaults."""
+        """FERN_LAUNCH_ON_ARRIVAL, FERN_ONLINE_POLL_MS, FERN_TOKEN_MEMO_CHUNKS and Rayon's own
+        RAYON_NUM_THREADS (the tokenizers' Rust pool) over the defaults."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {"launch_on_arrival": _flag(env, "FERN_LAUNCH_ON_ARRIVAL", True)}
         for name, key, scale in (("FERN_ONLINE_POLL_MS", "online_poll_s", 1e-3),
-                                 ("FERN_TOKEN_MEMO_CHUNKS", "token_memo_chunks", None)):
+                                 ("FERN_TOKEN_MEMO_CHUNKS", "token_memo_chunks", None),
+                                 ("RAYON_NUM_THREADS", "tokenizer_rust_threads", None)):
             raw = env.get(name)
             if raw is None or raw.strip() == "":
                 continue

@@ -405,6 +405,7 @@ def load_registry(args: argparse.Namespace, timings: dict[str, float] | None = N
     the engine, the tokenizers, gRPC) and those spent loading the models (tokenizers, weights,
     compile, attention choice)."""
     import core_engine.engine  # noqa: F401 - torch and the engine: counted as imports, not as models
+    from core_engine.settings import SidecarConfig
     from sidecar.registry import ModelSource, Registry
 
     imported = time.monotonic()
@@ -414,7 +415,7 @@ def load_registry(args: argparse.Namespace, timings: dict[str, float] | None = N
                              scheduler_config=_scheduler_config(args),
                              tokenizer_workers=args.tokenizer_workers,
                              tokenizer_processes=args.tokenizer_processes,
-                             prewarm=getattr(args, "prewarm", ""))
+                             prewarm=getattr(args, "prewarm", ""), settings=SidecarConfig.from_env())
     if timings is not None:
         timings.update(imports=imported - _STARTED, models=time.monotonic() - imported)
     return registry

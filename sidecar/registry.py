@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core_engine.config import ModelSpec
+from core_engine.settings import SidecarConfig
 from sidecar.errors import not_found
 from sidecar.scheduler import Scheduler, SchedulerConfig
 from sidecar.tokenize import TextTokenizer, TokenizerProcesses, default_processes
@@ -78,18 +79,20 @@ class Registry:
              attention: str = "auto", cuda_graphs: bool = True,
              scheduler_config: SchedulerConfig | Callable[[str], SchedulerConfig] | None = None,
              tokenizer_workers: int | None = None, tokenizer_processes: int | None = None,
-             prewarm: str = "") -> "Registry":
+             prewarm: str = "", settings: SidecarConfig | None = None) -> "Registry":
         """Build engines (one per device) and a scheduler for every model source.
 
         `prewarm`: shapes each engine captures before serving ("queries", "128x1,512x32": see
         core_engine.graphs.prewarm_shapes); "queries" follows each model's own token limit.
 
         `scheduler_config` is a SchedulerConfig, or a function of the device type ("cuda",
-        "cpu") returning one, or None for SchedulerConfig.for_device's defaults.
+        "cpu") returning one, or None for SchedulerConfig.for_device's defaults. `settings`
+        sizes the tokenizers' memo and Rust pool (default: SidecarConfig()'s).
         """
         from core_engine.engine import Engine  # torch: only when models are loaded
         from core_engine.loader import default_model_dir
 
+        settings = settings or SidecarConfig()
         devices = engine_devices(device)
         # One set of tokenizer worker processes serves every model (see TokenizerProcesses).
         processes = default_processes() if tokenizer_processes is None else tokenizer_processes
@@ -102,7 +105,9 @@ class Registry:
             spec = engines[0].spec
             config = scheduler_config(engines[0].device.type) if callable(scheduler_config) \
                 else scheduler_config or SchedulerConfig.for_device(engines[0].device.type)
-            tokenizer = TextTokenizer.for_spec(spec, tokenizer_workers, shared if shared is not None else 0)
+            tokenizer = TextTokenizer.for_spec(spec, tokenizer_workers, shared if shared is not None else 0,
+                                               memo_chunks=settings.token_memo_chunks,
+                                               rust_threads=settings.tokenizer_rust_threads)
             models.append(ServedModel(spec, tokenizer, Scheduler(engines, config), engines))
         if shared is not None:
             shared.start()
