@@ -37,7 +37,7 @@ import numpy as np
 
 from sidecar.lanes import Chunk, Lane, LaneQueue, Request
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("sidecar.scheduler")
 
 # A worker that leaves queued work to a less loaded one (several engines) checks this often
 # whether its own step has finished; a change of loads wakes it at once.
