@@ -329,7 +329,7 @@ class Step:
 
 
 def _serve(engine: Engine, steps: list[Step]) -> list[tuple[list[list[int]], np.ndarray]]:
-    """Launch `steps` as sidecar.scheduler._work does: prepare N+1 while N runs, collect N, launch
+    """Launch `steps` as sidecar.scheduler.pipeline.Pipeline._work does: prepare N+1 while N runs, collect N, launch
     the jump step if any (prepare + step), then N+1. Returns (sequences, vectors) in launch order."""
     launched: list[tuple[list[list[int]], np.ndarray]] = []
     in_flight: list = []

@@ -94,7 +94,7 @@ def test_bf16_parity_across_compositions_and_graph_replay(family: str, backend: 
 
 
 def _serve(engine, steps: list[tuple]) -> list[tuple[list[list[int]], np.ndarray]]:
-    """Launch steps as sidecar.scheduler._work does: prepare N+1 while N runs, collect N, launch the
+    """Launch steps as sidecar.scheduler.pipeline.Pipeline._work does: prepare N+1 while N runs, collect N, launch the
     jump step (prepare + step) if any, then N+1. A step is (sequences, jump, dropped): `dropped` is
     prepared after the step, then never run. Before each jump the GPU is held busy for ~20 ms, so
     what the jump and N+1 queue (a re-plan's copy from FlashInfer's pinned buffer among it) is
