@@ -40,6 +40,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.provenance import code_identity  # noqa: E402
+from core_engine.settings import SidecarConfig  # noqa: E402
 from sidecar.registry import engine_devices  # noqa: E402
 from sidecar.scheduler import Lane, Scheduler, SchedulerConfig  # noqa: E402
 
@@ -279,11 +280,13 @@ async def main_async(args: argparse.Namespace) -> dict:
     engines = [Engine(model_dir, device=d, dtype=args.dtype) for d in devices]
     load_s = time.perf_counter() - t0
     spec = engines[0].spec
-    overrides = {
+    settings = SidecarConfig.from_env()  # FERN_LAUNCH_ON_ARRIVAL, FERN_ONLINE_POLL_MS, as fern serve reads them
+    overrides = {"launch_on_arrival": settings.launch_on_arrival, "online_poll_s": settings.online_poll_s}
+    overrides.update({
         k: v
         for k, v in (("max_step_tokens", args.max_step_tokens), ("online_step_tokens", args.online_step_tokens))
         if v is not None
-    }
+    })
     config = SchedulerConfig.for_device(device_type, **overrides)
     gpu = device_type == "cuda"
     seconds = args.seconds or (5.0 if gpu else 7.0)

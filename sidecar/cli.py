@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, TextIO
 _STARTED = time.monotonic()  # this module loads first in a `fern` process: start-up is counted from here
 
 if TYPE_CHECKING:  # imported where used: the client verbs (embed, models) need neither
+    from core_engine.settings import SidecarConfig
     from sidecar.registry import Registry
     from sidecar.scheduler import SchedulerConfig
     from sidecar.security import DoorSecurity
@@ -390,11 +391,12 @@ def import_if_installed(module: str) -> ModuleType | None:
 
 # ----------------------------------------------------------------------------- serve
 
-def _scheduler_config(args: argparse.Namespace) -> Callable[[str], SchedulerConfig]:
+def _scheduler_config(args: argparse.Namespace, settings: SidecarConfig) -> Callable[[str], SchedulerConfig]:
     from sidecar.scheduler import SchedulerConfig
 
-    overrides = {field: getattr(args, field) for field in SCHEDULER_KNOBS.values()
-                 if getattr(args, field, None) is not None}
+    overrides = {"launch_on_arrival": settings.launch_on_arrival, "online_poll_s": settings.online_poll_s}
+    overrides.update({field: getattr(args, field) for field in SCHEDULER_KNOBS.values()
+                      if getattr(args, field, None) is not None})
     return lambda device_type: SchedulerConfig.for_device(device_type, **overrides)
 
 
@@ -409,13 +411,14 @@ def load_registry(args: argparse.Namespace, timings: dict[str, float] | None = N
     from sidecar.registry import ModelSource, Registry
 
     imported = time.monotonic()
+    settings = SidecarConfig.from_env()
     sources = [ModelSource.parse(m) for m in (args.models or _env_models())]
     registry = Registry.load(sources, device=args.device, dtype=args.dtype, attention=args.attention,
                              cuda_graphs=not args.no_cuda_graphs,
-                             scheduler_config=_scheduler_config(args),
+                             scheduler_config=_scheduler_config(args, settings),
                              tokenizer_workers=args.tokenizer_workers,
                              tokenizer_processes=args.tokenizer_processes,
-                             prewarm=getattr(args, "prewarm", ""), settings=SidecarConfig.from_env())
+                             prewarm=getattr(args, "prewarm", ""), settings=settings)
     if timings is not None:
         timings.update(imports=imported - _STARTED, models=time.monotonic() - imported)
     return registry

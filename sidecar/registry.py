@@ -87,7 +87,8 @@ class Registry:
 
         `scheduler_config` is a SchedulerConfig, or a function of the device type ("cuda",
         "cpu") returning one, or None for SchedulerConfig.for_device's defaults. `settings`
-        sizes the tokenizers' memo and Rust pool (default: SidecarConfig()'s).
+        sizes the tokenizers' memo and Rust pool and sets the default scheduler's loop launch
+        (default: SidecarConfig()'s).
         """
         from core_engine.engine import Engine  # torch: only when models are loaded
         from core_engine.loader import default_model_dir
@@ -104,7 +105,9 @@ class Registry:
                               cuda_graphs=cuda_graphs, prewarm=prewarm) for d in devices]
             spec = engines[0].spec
             config = scheduler_config(engines[0].device.type) if callable(scheduler_config) \
-                else scheduler_config or SchedulerConfig.for_device(engines[0].device.type)
+                else scheduler_config or SchedulerConfig.for_device(
+                    engines[0].device.type, launch_on_arrival=settings.launch_on_arrival,
+                    online_poll_s=settings.online_poll_s)
             tokenizer = TextTokenizer.for_spec(spec, tokenizer_workers, shared if shared is not None else 0,
                                                memo_chunks=settings.token_memo_chunks,
                                                rust_threads=settings.tokenizer_rust_threads)

@@ -218,3 +218,18 @@ def test_serve_says_where_start_up_went(sidecar_process):
     total, imports, models = map(float, match.groups())
     assert imports > 0 and models >= 0  # importing torch alone takes a noticeable time
     assert imports + models <= total + 0.1
+
+
+def test_serving_switches_reach_the_scheduler_and_the_tokenizer_memo(monkeypatch):
+    from core_engine.settings import SidecarConfig
+    from sidecar.cli import _scheduler_config, build_parser
+
+    settings = SidecarConfig.from_env({"FERN_LAUNCH_ON_ARRIVAL": "0", "FERN_ONLINE_POLL_MS": "0",
+                                       "FERN_TOKEN_MEMO_CHUNKS": "7", "RAYON_NUM_THREADS": "3"})
+    assert (settings.token_memo_chunks, settings.tokenizer_rust_threads) == (7, 3)
+    args = build_parser().parse_args(["serve", "--max-step-tokens", "4096"])
+    config = _scheduler_config(args, settings)("cuda")
+    assert (config.launch_on_arrival, config.online_poll_s, config.max_step_tokens) == (False, 0.0, 4096)
+    assert _scheduler_config(args, SidecarConfig())("cuda").online_poll_s == 0.020
+    with pytest.raises(ValueError, match="FERN_ONLINE_POLL_MS='soon': not a number"):
+        SidecarConfig.from_env({"FERN_ONLINE_POLL_MS": "soon"})

@@ -51,9 +51,11 @@ async def _queries(registry, count: int) -> None:
 
 def run(model: str | None, device: str, queries: int, repeats: int) -> dict[str, Any]:
     from sidecar.cli import settle_heap
+    from core_engine.settings import SidecarConfig
     from sidecar.registry import ModelSource, Registry
 
-    registry = Registry.load([ModelSource(Path(model) if model else None)], device=device)
+    registry = Registry.load([ModelSource(Path(model) if model else None)], device=device,
+                             settings=SidecarConfig.from_env())
     rows: dict[str, Any] = {}
     rows["loaded"] = {"tracked_objects": len(gc.get_objects()), "full_collect_ms": _collect_ms(repeats)}
     frozen = settle_heap()

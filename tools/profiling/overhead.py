@@ -272,10 +272,11 @@ async def _bare_server(port: int, dimensions: int, loop_cpu: list[int],
 
 async def stand_in_registry(model: str | None, device: str, engine_us: int):
     """The Registry `fern serve` loads; with `engine_us`, its engines' forward pass is the stand-in."""
+    from core_engine.settings import SidecarConfig
     from sidecar.registry import ModelSource, Registry
 
     registry = await asyncio.to_thread(Registry.load, [ModelSource(Path(model) if model else None)],
-                                       device=device)
+                                       device=device, settings=SidecarConfig.from_env())
     if engine_us:
         for served in registry:
             for engine in served.engines:
