@@ -277,15 +277,39 @@ async def stand_in_registry(model: str | None, device: str, engine_us: int):
 
     registry = await asyncio.to_thread(Registry.load, [ModelSource(Path(model) if model else None)],
                                        device=device, settings=SidecarConfig.from_env())
-    if engine_us:
-        for served in registry:
-            for engine in served.engines:
-                _stand_in_forward(engine, engine_us / 1e6)
-            # The stand-in's step() returns before its result is ready, as a GPU step does:
-            # the scheduler treats it as the asynchronous engine it stands in for.
-            for worker in served.scheduler._workers:
-                worker.device = "cuda:stand-in"
-    return registry
+    if not engine_us:
+        return registry
+    from sidecar.registry import ServedModel
+    from sidecar.scheduler import Scheduler
+
+    models = []
+    for served in registry:
+        for engine in served.engines:
+            _stand_in_forward(engine, engine_us / 1e6)
+        # The stand-in's step() returns before its result is ready, as a GPU step does: its
+        # scheduler is built over engines that say so, as it would be over CUDA engines.
+        engines = [_AsyncStandIn(engine) for engine in served.engines]
+        models.append(ServedModel(served.spec, served.tokenizer, Scheduler(engines, served.scheduler.config),
+                                  served.engines))
+    return Registry(models)
+
+
+class _AsyncStandIn:
+    """An engine whose device reads as CUDA's, so the scheduler collects its steps asynchronously."""
+
+    device = "cuda:stand-in"
+
+    def __init__(self, engine) -> None:
+        self.engine, self.spec = engine, engine.spec
+
+    def prepare(self, sequences):
+        return self.engine.prepare(sequences)
+
+    def step(self, prepared):
+        return self.engine.step(prepared)
+
+    def __getattr__(self, name: str):  # replays(), counters and the rest: the engine's own
+        return getattr(self.engine, name)
 
 
 async def serve(args: argparse.Namespace) -> None:
