@@ -179,8 +179,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    help="also serve Prometheus metrics (GET /metrics) on this port of --host, 0 "
                         "for any free one (env FERN_METRICS_PORT; default: off)")
     p.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default=_env("LOOP", "auto"),
-                   help="event loop: uvloop (auto: when installed; it cut the sidecar's own cost per "
-                        "query by 0.1-0.27 ms on the H200 host) or asyncio's (env FERN_LOOP)")
+                   help="event loop: uvloop (auto: when installed; the faster per query) or asyncio's "
+                        "(env FERN_LOOP)")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"),
                    help="logging level (env FERN_LOG_LEVEL; default %(default)s)")
     p.add_argument("--prewarm", default=_env("PREWARM", ""),
@@ -463,10 +463,9 @@ def _check_free(host: str, port: int) -> None:
 def settle_heap() -> int:
     """Collect once, then freeze what is left out of the garbage collector; returns how many objects.
 
-    What start-up leaves (torch, the models, gRPC: ~174,000 tracked objects with the bundled
-    model on the CPU) lives as long as the process, yet every full collection walks all of it:
-    ~71 ms on the 2-core CI machine (benchmarks/results/cpu/gc_pause.json), a stall of the event
-    loop and of every request in flight. Frozen, it is skipped; later collections walk only
+    What start-up leaves (torch, the models, gRPC) lives as long as the process, yet every full
+    collection would walk all of it, a stall of the event loop and of every request in flight
+    (docs/performance.md has the figures). Frozen, it is skipped; later collections walk only
     what serving created.
     """
     gc.collect()
@@ -654,9 +653,8 @@ async def run_sidecar(args: argparse.Namespace,
 
 # gRPC's EventEngine adds thread hand-offs to every call, so every `fern` process (serve, demo,
 # pg worker, embed, models) turns off its client and listener. gRPC reads the setting once,
-# when it is first imported; an explicit GRPC_EXPERIMENTS wins. Bare round trips on the H200
-# host: 586 us with gRPC's defaults, 485 us with the server off EventEngine, 225 us with both
-# processes off (docs/performance.md); one setting for all.
+# when it is first imported; an explicit GRPC_EXPERIMENTS wins. Off in both processes halves a
+# bare round trip (docs/performance.md); one setting for all.
 GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener"
 
 

@@ -39,7 +39,7 @@ def test_texts_have_the_requested_token_counts(tokenizer: Tokenizer, vocabulary:
 
 def test_zipf_texts_read_like_prose_and_the_word_list_does_not(tokenizer: Tokenizer) -> None:
     # Many distinct chunks, capitals, punctuation and numbers: what a tokenizer's chunk memo
-    # meets in real text, unlike the 200-word list the results before stop 18 used.
+    # meets in real text, unlike a short list of repeated words.
     zipf, words = (" ".join(workload_texts(tokenizer, Workload("passages", 64, 256, 300), seed=4, vocabulary=v))
                    for v in ("zipf", "words"))
     assert len(set(zipf.split())) > 8000 and len(set(words.split())) <= 200
