@@ -39,7 +39,7 @@ class Family:
     name: str
     kind: str  # "counter" (name ends in _total) or "gauge"
     help: str
-    read: Callable[[object], int]
+    read: Callable[[object], float]
 
     def empty(self, labels: Iterable[str]) -> Metric:
         kind = CounterMetricFamily if self.kind == "counter" else GaugeMetricFamily
@@ -55,6 +55,9 @@ LANE_FAMILIES: tuple[Family, ...] = (
            lambda s: s.queued_requests),
     Family("fern_queue_max_tokens", "gauge", "The lane's queue bound in tokens (beyond it: QueueFull).",
            lambda s: s.max_queued_tokens),
+    Family("fern_queue_saturation", "gauge",
+           "Queued tokens over the lane's bound, 0 to 1: what an autoscaler targets.",
+           lambda s: s.queued_tokens / s.max_queued_tokens if s.max_queued_tokens else 0.0),
     Family("fern_queue_high_water_tokens", "gauge", "The most tokens ever queued in the lane at once.",
            lambda s: s.high_water_tokens),
     Family("fern_requests_admitted_total", "counter", "Requests admitted to the lane's queue.",
@@ -149,7 +152,7 @@ class ServingCollector(Collector):
                                    DRAINING)}
 
         def add(family: Family, labels: tuple[str, ...], source: object) -> None:
-            families[family.name].add_metric(list(labels), int(family.read(source)))
+            families[family.name].add_metric(list(labels), family.read(source))
 
         for served in self.models:
             model = served.spec.name
@@ -182,7 +185,7 @@ class LimiterCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         for family in AUTH_FAMILIES:
             metric = family.empty(("door",))
-            metric.add_metric([self.door], int(family.read(self.limiter)))
+            metric.add_metric([self.door], family.read(self.limiter))
             yield metric
 
 

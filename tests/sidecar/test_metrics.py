@@ -109,6 +109,7 @@ def test_the_exposition_parses_and_names_the_served_model(metrics_sidecar):
     for lane in ("online", "batch"):
         assert value(samples, "fern_queue_tokens", model=model, lane=lane) == 0
         assert value(samples, "fern_queue_max_tokens", model=model, lane=lane) > 0
+        assert value(samples, "fern_queue_saturation", model=model, lane=lane) == 0
         assert value(samples, "fern_requests_rejected_total", model=model, lane=lane) == 0
     engine = dict(model=model, engine="0", device="cpu")
     for name in ("fern_engine_steps_total", "fern_engine_tokens_total", "fern_engine_loop_launched_steps_total",
@@ -249,3 +250,19 @@ def test_tokenizer_worker_processes_serve_bulk_requests_and_show_in_the_metrics(
         np.testing.assert_allclose(got.vectors, want.vectors, atol=1e-5)
     finally:
         process.stop()
+
+
+def test_the_saturation_gauge_is_the_queue_share_a_scaler_targets():
+    from sidecar.scheduler.stats import EngineStats, LaneStats, SchedulerStats
+
+    def lane(queued: int, bound: int) -> LaneStats:
+        return LaneStats(queued, 1, bound, queued, 1, 0, 0, 0, 0, 0)
+
+    stats = SchedulerStats(lane(0, 2048), lane(6144, 8192), (EngineStats("cpu", 0, 0, 0, 0),), 0, 0, False)
+    engine = SimpleNamespace(counters=GraphCounters())
+    served = SimpleNamespace(spec=SimpleNamespace(name="m"), scheduler=SimpleNamespace(stats=lambda: stats),
+                             engines=[engine], tokenizer=SimpleNamespace(live_processes=0, process_slices=0,
+                                                                         process_failures=0, process_restarts=0))
+    samples = parse_exposition(render([served]))
+    assert value(samples, "fern_queue_saturation", model="m", lane="batch") == 0.75
+    assert value(samples, "fern_queue_saturation", model="m", lane="online") == 0
