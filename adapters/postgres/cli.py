@@ -101,7 +101,8 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
 
     def sidecar_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--target", default=_env("FERN_TARGET"),
-                       help="the sidecar's gRPC address (env FERN_TARGET; default "
+                       help="the sidecar's gRPC address HOST:PORT, several as a comma list, or "
+                            "dns:///NAME:PORT (balanced round robin; env FERN_TARGET; default "
                             "127.0.0.1:50051)")
         p.add_argument("--token", default=_env("FERN_TOKEN"),
                        help="the sidecar's token, sent as 'authorization: Bearer …' "

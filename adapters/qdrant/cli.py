@@ -71,7 +71,8 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
                         help="prompt name for the records, e.g. passage (env FERN_PROMPT; "
                              "default: none)")
     ingest.add_argument("--target", default=_env("TARGET"),
-                        help="the running sidecar's address host:port (env FERN_TARGET; "
+                        help="the running sidecar's address HOST:PORT, several as a comma list, "
+                             "or dns:///NAME:PORT (balanced round robin; env FERN_TARGET; "
                              "default 127.0.0.1:50051)")
     ingest.add_argument("--token", default=_env("TOKEN"),
                         help="the sidecar's shared secret, sent as 'authorization: Bearer …' "
