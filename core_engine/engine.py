@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from core_engine.graphs import (Action, BucketConfig, CapturePolicy, GraphCache,
                                 prewarm_shapes)
 from core_engine.handle import EmbeddingHandle
 from core_engine.loader import build_model, default_model_dir
+from core_engine.settings import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -175,14 +175,9 @@ class Engine:
     included) becomes a CUDA graph lazily: the first step of a shape runs eagerly, the next
     captures, later ones replay. Only the pooled vectors travel back, through pinned memory.
 
-    Options: `attention` "auto" (measured per shape class on CUDA), "varlen", "flashinfer" or
-    "cpu"; `cuda_graphs=False` runs every step eagerly; `max_graphs` bounds the graphs kept
-    (least recently used evicted); `eager_hits` is how many eager steps a shape gets before
-    its capture; `max_step_tokens` sizes the static input buffer (larger steps run eagerly);
-    `prewarm` lists (tokens per sequence, sequences) shapes captured at start, or is a list
-    as `fern serve --prewarm` takes it ("queries", "128x1,512x32"; see graphs.prewarm_shapes);
-    without CUDA graphs there is nothing to capture and it is skipped; `compile`
-    (default: on CUDA; env FERN_COMPILE) runs the model through torch.compile.
+    How it runs is an `EngineConfig` (see there for each option). The keyword options, where
+    given, override fields of `config`; without `config`, the fields come from
+    `EngineConfig.from_env()`, so FERN_* switches still reach an engine built by keywords.
     """
 
     def __init__(
@@ -190,26 +185,34 @@ class Engine:
         model_dir: str | Path | None = None,
         *,
         name: str | None = None,
-        device: str | torch.device = "auto",
-        dtype: str | torch.dtype = "auto",
-        attention: str = "auto",
-        cuda_graphs: bool = True,
-        max_graphs: int = 256,
-        eager_hits: int = 1,
-        max_step_tokens: int = 65536,
+        config: EngineConfig | None = None,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        attention: str | None = None,
+        cuda_graphs: bool | None = None,
+        max_graphs: int | None = None,
+        eager_hits: int | None = None,
+        max_step_tokens: int | None = None,
         buckets: BucketConfig | None = None,
-        prewarm: Sequence[tuple[int, int]] | str = (),
+        prewarm: Sequence[tuple[int, int]] | str | None = None,
         pad_to_buckets: bool | None = None,
         compile: bool | None = None,
     ) -> None:
         started = time.perf_counter()
+        overrides = {key: value for key, value in dict(
+            device=device, dtype=dtype, attention=attention, cuda_graphs=cuda_graphs, max_graphs=max_graphs,
+            eager_hits=eager_hits, max_step_tokens=max_step_tokens, buckets=buckets, prewarm=prewarm,
+            pad_to_buckets=pad_to_buckets, compile=compile).items() if value is not None}
+        config = (config or EngineConfig.from_env()).replace(**overrides)
+        self.config = config
         self.spec: ModelSpec = load_spec(model_dir if model_dir is not None else default_model_dir(), name)
-        self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
-        self.buckets = buckets or BucketConfig()
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.buckets = config.buckets
         # A bad pre-warm list fails here, before the weights load.
-        shapes = prewarm_shapes(prewarm, self.spec.max_tokens, self.buckets) if isinstance(prewarm, str) \
-            else list(prewarm)
+        shapes = prewarm_shapes(config.prewarm, self.spec.max_tokens, self.buckets) \
+            if isinstance(config.prewarm, str) else list(config.prewarm)
+        max_step_tokens = config.max_step_tokens
         if max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be >= 1, got {max_step_tokens}")
         self.max_step_tokens = max_step_tokens
@@ -227,27 +230,24 @@ class Engine:
         # torch.compile fuses the elementwise work between matmuls (norms, rotary, activations,
         # residuals); attention stays outside the compiled regions (a graph break per layer),
         # so every backend works unchanged. The compiled code is then recorded into the same
-        # CUDA graphs. Default: on for CUDA, off for the CPU (FERN_COMPILE=0/1 overrides).
-        if compile is None:
-            env = os.environ.get("FERN_COMPILE")
-            compile = self._cuda if env is None else env not in ("0", "false", "no", "")
-        self.compiled = bool(compile)
-        self.attention = make_attention(attention, self.device, self.spec, self.dtype, max_tokens=step_bucket,
-                                        compiled=self.compiled)
+        # CUDA graphs. Default: on for CUDA, off for the CPU.
+        self.compiled = self._cuda if config.compile is None else bool(config.compile)
+        self.attention = make_attention(config.attention, self.device, self.spec, self.dtype, max_tokens=step_bucket,
+                                        compiled=self.compiled, kernels=config.kernels)
         attended = time.perf_counter()
-        self.model = build_model(self.spec, self.device, self.dtype, self.attention)
+        self.model = build_model(self.spec, self.device, self.dtype, self.attention, config.kernels)
         self.model.eval()
         built = time.perf_counter()
         self.compile_seconds = 0.0
         choose_seconds = 0.0
         # Wrapping the model imports torch._inductor (seconds on a slow host): counted as compile time.
-        self._forward_model = torch.compile(self.model, dynamic=True, backend=os.environ.get(
-            "FERN_COMPILE_BACKEND", "inductor")) if self.compiled else self.model
+        self._forward_model = torch.compile(self.model, dynamic=True, backend=config.compile_backend) \
+            if self.compiled else self.model
         # Bucket padding exists for CUDA graphs; on the CPU it only costs time, but it can be
         # switched on there to exercise the same packing.
-        self.pad_to_buckets = self._cuda if pad_to_buckets is None else pad_to_buckets
-        self.policy = CapturePolicy(max_graphs=max_graphs if (cuda_graphs and self._cuda) else 0,
-                                    eager_hits=eager_hits)
+        self.pad_to_buckets = self._cuda if config.pad_to_buckets is None else config.pad_to_buckets
+        self.policy = CapturePolicy(max_graphs=config.max_graphs if (config.cuda_graphs and self._cuda) else 0,
+                                    eager_hits=config.eager_hits)
         # On the CPU the same bookkeeping runs (every step eager: max_graphs is 0 there).
         self.graphs = GraphCache(self.policy, self.device, on_evict=self.attention.release)
         self._static: torch.Tensor | None = None

@@ -11,6 +11,7 @@ from torch import nn
 from core_engine.attention.base import AttentionBackend
 from core_engine.config import ModelSpec
 from core_engine.models import FAMILIES
+from core_engine.settings import KernelOptions
 
 
 def default_model_dir() -> Path:
@@ -36,9 +37,12 @@ def read_checkpoint(model_dir: Path, device: torch.device | str = "cpu") -> dict
 
 
 def build_model(
-    spec: ModelSpec, device: torch.device | str, dtype: torch.dtype, attention: AttentionBackend
+    spec: ModelSpec, device: torch.device | str, dtype: torch.dtype, attention: AttentionBackend,
+    kernels: KernelOptions | None = None,
 ) -> nn.Module:
     """The model of ``spec`` in eval mode on ``device``/``dtype``, calling ``attention`` in every layer.
+
+    ``kernels`` picks the forms of individual kernels (default: the ones that serve).
 
     ``module(input_ids[T] int64, positions[T] int64, meta)`` returns pooled [B, D] float32.
     ``positions`` are 0-based within each sequence for every family (the XLM-R offset is
@@ -47,7 +51,7 @@ def build_model(
     """
     family = FAMILIES[spec.family]
     with torch.device("meta"):
-        module = family.module(spec, attention)
+        module = family.module(spec, attention, kernels or KernelOptions())
     # Read straight onto the device: fusing and casting there is faster than on the host.
     weights = family.convert_weights(read_checkpoint(spec.path, device), spec)
     # The checkpoint decides the parameter shapes it holds; check them against the config.

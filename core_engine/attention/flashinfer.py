@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -67,12 +66,14 @@ class FlashInferAttention:
     graph. A graph-mode wrapper has a fixed slot count and may never be planned for more
     tokens than at its first plan, so each graph key owns one wrapper (released with the
     graph); eager steps share one ordinary wrapper. Grouped-query attention is native.
+    `kernel` ("fa2", "fa3") and `contiguous` (Q/K/V made contiguous) default by device and kernel.
     """
 
     name = "flashinfer"
 
     def __init__(self, device: torch.device, shape: "AttentionShape", causal: bool,
-                 dtype: torch.dtype = torch.bfloat16, max_tokens: int = 16384) -> None:
+                 dtype: torch.dtype = torch.bfloat16, max_tokens: int = 16384, kernel: str | None = None,
+                 contiguous: bool | None = None) -> None:
         import flashinfer
 
         self._flashinfer = flashinfer
@@ -80,8 +81,8 @@ class FlashInferAttention:
         self.shape = shape
         self.causal = causal
         self.dtype = dtype
-        self.kernel = os.environ.get("FERN_FLASHINFER_BACKEND") or default_kernel(device, shape)
-        self.contiguous = os.environ.get("FERN_FLASHINFER_CONTIGUOUS", "0" if self.kernel == "fa3" else "1") != "0"
+        self.kernel = kernel or default_kernel(device, shape)
+        self.contiguous = self.kernel != "fa3" if contiguous is None else contiguous
         self._workspace = torch.empty(workspace_bytes(shape, max_tokens), dtype=torch.uint8, device=device)
         self._eager = self._new_wrapper()
         self._graph_wrappers: dict[GraphKey, _Wrapper] = {}

@@ -13,6 +13,7 @@ import torch
 from core_engine.attention import get_backend, register_backend
 from core_engine.attention.base import AttentionBackend, AttentionMetadata, AttentionPlan, PlanningBackend
 from core_engine.graphs import GraphKey
+from core_engine.settings import KernelOptions
 
 if TYPE_CHECKING:
     from core_engine.config import ModelSpec
@@ -231,7 +232,8 @@ def opaque_selector() -> type[AttentionSelector]:
 
 
 def make_attention(name: str, device: torch.device, spec: "ModelSpec", dtype: torch.dtype = torch.bfloat16,
-                   max_tokens: int = 16384, compiled: bool = False) -> AttentionSelector:
+                   max_tokens: int = 16384, compiled: bool = False,
+                   kernels: KernelOptions | None = None) -> AttentionSelector:
     """The attention the engine builds its model with (`compiled`: for a model torch.compile runs).
 
     "auto": the CPU path on CPU; on CUDA `varlen` plus FlashInfer where it can serve the model,
@@ -239,14 +241,16 @@ def make_attention(name: str, device: torch.device, spec: "ModelSpec", dtype: to
     """
     selector = opaque_selector() if compiled else AttentionSelector
     shape = attention_shape(spec)
+    kernels = kernels or KernelOptions()
+    flashinfer_options = dict(device=device, shape=shape, causal=spec.causal, dtype=dtype, max_tokens=max_tokens,
+                              kernel=kernels.flashinfer_backend, contiguous=kernels.flashinfer_contiguous)
     if name == "auto":
         if device.type != "cuda":
             return selector({"cpu": get_backend("cpu")}, forced="cpu")
         candidates: dict[str, AttentionBackend] = {"varlen": get_backend("varlen")}
         why_not = flashinfer_usable(shape)
         if why_not is None:
-            candidates["flashinfer"] = get_backend("flashinfer", device=device, shape=shape, causal=spec.causal,
-                                                   dtype=dtype, max_tokens=max_tokens)
+            candidates["flashinfer"] = get_backend("flashinfer", **flashinfer_options)
         else:
             log.info("FlashInfer not a candidate for %s: %s", spec.name, why_not)
         return selector(candidates, forced=None)
@@ -256,8 +260,7 @@ def make_attention(name: str, device: torch.device, spec: "ModelSpec", dtype: to
         why_not = flashinfer_usable(shape)
         if why_not is not None:
             raise ValueError(f"attention 'flashinfer' cannot serve {spec.name!r}: {why_not}")
-        backend = get_backend("flashinfer", device=device, shape=shape, causal=spec.causal, dtype=dtype,
-                              max_tokens=max_tokens)
+        backend = get_backend("flashinfer", **flashinfer_options)
     else:
         backend = get_backend(name)
     return selector({name: backend}, forced=name)

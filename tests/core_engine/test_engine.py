@@ -17,6 +17,7 @@ from core_engine.attention.cpu import CpuAttention
 from core_engine import engine as engine_module
 from core_engine.engine import Engine, PreparedBatch, _pack_into, _packed_size
 from core_engine.graphs import Action, BucketConfig, CapturePolicy, GraphCache, GraphKey, key_for
+from core_engine.settings import EngineConfig
 
 TEXTS = [
     "hello world",
@@ -154,6 +155,22 @@ def test_prewarm_fails_before_the_weights_load_and_is_skipped_without_graphs(mon
     with pytest.raises(ValueError, match=r"prewarm: 256x20 \(5120 tokens\) does not fit the static buffers .*"
                                          r"\(max_step_tokens 2048\)"):
         Engine(device="cpu", prewarm="256x8,256x20", max_step_tokens=2048)
+
+
+def test_engine_config_with_keyword_overrides_and_fern_switches(monkeypatch) -> None:
+    """Keywords override `config`'s fields; without a config the FERN_* switches apply, with one they do not."""
+    monkeypatch.setenv("FERN_GELU_EPILOGUE", "0")
+    from_env = Engine(device="cpu", max_graphs=7)
+    assert from_env.config.kernels.gelu_epilogue is False and from_env.config.max_graphs == 7
+    assert all(layer.mlp.gelu_epilogue is False for layer in from_env.model.layers)
+
+    config = EngineConfig(device="cpu", eager_hits=3, buckets=BucketConfig(small_step=32))
+    given = Engine(config=config, eager_hits=2)
+    assert given.config == config.replace(eager_hits=2) and given.policy.eager_hits == 2
+    assert given.buckets.small_step == 32
+    assert all(layer.mlp.gelu_epilogue is True for layer in given.model.layers)
+    np.testing.assert_allclose(given.embed([[101, 7592, 102]]), from_env.embed([[101, 7592, 102]]),
+                               rtol=1e-5, atol=1e-5)  # on the CPU the epilogue switch changes nothing
 
 
 def test_step_returns_a_finished_handle_on_cpu(engine: Engine, token_ids: list[list[int]]) -> None:

@@ -17,6 +17,7 @@ from core_engine.config import load_spec
 from core_engine.loader import build_model, default_model_dir
 from core_engine.models import FAMILIES
 from core_engine.pooling import pool
+from core_engine.settings import KernelOptions
 
 
 def naive_attention(q, k, v, cu: list[int], causal: bool) -> torch.Tensor:
@@ -53,11 +54,10 @@ def test_cpu_attention_matches_naive_attention(causal: bool, kv_heads: int) -> N
 
 
 @pytest.mark.parametrize("arch", ["bert", "qwen3-causal"])
-def test_cls_and_last_token_models_run_the_last_layer_on_the_pooled_rows_only(tmp_path, monkeypatch,
-                                                                                arch: str) -> None:
+def test_cls_and_last_token_models_run_the_last_layer_on_the_pooled_rows_only(tmp_path, arch: str) -> None:
     """After the last attention, a CLS or last-token model carries one row per slot, not every token.
 
-    Same vectors as the full last layer (FERN_FULL_LAST_LAYER=1), on a batch padded the way
+    Same vectors as the full last layer (KernelOptions(pool_early=False)), on a batch padded the way
     graphs pad it: empty slots in the middle and at the end, and bucket-padding rows, which
     the clamped row of a trailing empty slot lands on.
     """
@@ -69,8 +69,8 @@ def test_cls_and_last_token_models_run_the_last_layer_on_the_pooled_rows_only(tm
                  num_tokens=20, num_slots=6)
 
     def run(full: str) -> tuple[torch.Tensor, list[int]]:
-        monkeypatch.setenv("FERN_FULL_LAST_LAYER", full)
-        model = build_model(spec, "cpu", torch.float32, get_backend("cpu"))
+        kernels = KernelOptions.from_env({"FERN_FULL_LAST_LAYER": full})
+        model = build_model(spec, "cpu", torch.float32, get_backend("cpu"), kernels)
         rows: list[int] = []
         model.layers[-1].mlp.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))
         model.layers[0].mlp.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))
@@ -356,11 +356,21 @@ def test_flashinfer_workspace_grows_with_the_largest_step():
     assert workspace_bytes(bge_m3, 65536) > 200_802_304
 
 
-def test_qk_norm_rope_kernel_can_be_switched_off(monkeypatch):
+def test_qk_norm_rope_kernel_can_be_switched_off(tmp_path, monkeypatch):
+    from benchmarks.models import build_random_model
     from core_engine.layers import qk_norm_rope as m
 
-    monkeypatch.setenv("FERN_TRITON_KERNELS", "0")
-    assert m._check(torch.device("cpu")) is False
+    spec = load_spec(build_random_model("qwen3-bidirectional", tmp_path / "qwen3", seed=0))
+    model = build_model(spec, "cpu", torch.float32, get_backend("cpu"),
+                        KernelOptions.from_env({"FERN_TRITON_KERNELS": "0"}))
+    assert all(layer.triton is False for layer in model.layers)
+    # Switched off, the op never asks whether the kernel works, even for CUDA-looking input.
+    monkeypatch.setattr(m, "_kernel_ok", lambda device: pytest.fail("kernel checked"))
+    qk, weight = torch.randn(3, 6, 8), torch.ones(6, 8)
+    angles = torch.rand(3, 1, 4)
+    q, k = m.qk_norm_rope(qk, weight, angles.cos(), angles.sin(), 1e-6, 4, False)
+    want = m.qk_norm_rope_reference(qk, weight, angles.cos(), angles.sin(), 1e-6)
+    torch.testing.assert_close(torch.cat([q, k], dim=1), want)
 
 
 def test_varlen_attention_calls_the_flash_op_directly_with_the_packed_metadata():
@@ -390,15 +400,15 @@ def test_varlen_attention_calls_the_flash_op_directly_with_the_packed_metadata()
         assert args[3] is cu and args[4] is cu and args[5:] == (64, 64, 0.0, causal, False)
 
 
-def _qwen3_compiled_code(tmp_path: Path, monkeypatch, addmm_residual: str) -> str:
+def _qwen3_compiled_code(tmp_path: Path, addmm_residual: str) -> str:
     """Inductor's generated code for a two-layer random Qwen3 model (CPU attention), dynamic shapes."""
     from torch._inductor.utils import run_and_get_code
 
     from benchmarks.models import build_random_model
 
-    monkeypatch.setenv("FERN_ADDMM_RESIDUAL", addmm_residual)
     spec = load_spec(build_random_model("qwen3-bidirectional", tmp_path / "qwen3", seed=0))
-    model = build_model(spec, "cpu", torch.float32, get_backend("cpu"))
+    model = build_model(spec, "cpu", torch.float32, get_backend("cpu"),
+                        KernelOptions.from_env({"FERN_ADDMM_RESIDUAL": addmm_residual}))
     args = pack([list(range(100, 105)), list(range(200, 207))], causal=False).model_inputs()
     torch._dynamo.reset()
     with torch.inference_mode():
@@ -409,16 +419,16 @@ def _qwen3_compiled_code(tmp_path: Path, monkeypatch, addmm_residual: str) -> st
     return "\n".join(code)
 
 
-def test_qwen3_residual_adds_fuse_into_the_norms_not_the_matmuls(tmp_path, monkeypatch) -> None:
+def test_qwen3_residual_adds_fuse_into_the_norms_not_the_matmuls(tmp_path) -> None:
     """Each residual add is fused into the RMSNorm that reads the sum: no addmm, no kernel of its own.
 
     Left alone, torch.compile folds x + out(a) into addmm(x, a, W^T), which on CUDA copies x
     before the matmul (two device-to-device copies per layer); and an add at the end of a
     layer is a kernel of its own, as attention ends each compiled region there. The check
-    reads what torch.compile generates; with FERN_ADDMM_RESIDUAL=1 (the folded form) it sees
+    reads what torch.compile generates; with opaque_residual=False (the folded form) it sees
     addmm, so it would see a regression.
     """
-    code = _qwen3_compiled_code(tmp_path / "a", monkeypatch, "0")
+    code = _qwen3_compiled_code(tmp_path / "a", "0")
     assert "addmm" not in code
     assert not re.findall(r"\w*_fused_add_\d+\b", code)  # an add alone in a kernel
-    assert "addmm" in _qwen3_compiled_code(tmp_path / "b", monkeypatch, "1")
+    assert "addmm" in _qwen3_compiled_code(tmp_path / "b", "1")
