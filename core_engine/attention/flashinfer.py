@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from core_engine.attention.base import AttentionMetadata
+from core_engine.attention.base import AttentionMetadata, AttentionShape
 from core_engine.graphs import GraphKey
-
-if TYPE_CHECKING:
-    from core_engine.attention.select import AttentionShape
 
 WORKSPACE_BYTES = 128 << 20
 
 
-def workspace_bytes(shape: "AttentionShape", max_tokens: int) -> int:
+def workspace_bytes(shape: AttentionShape, max_tokens: int) -> int:
     """Scratch space for steps of up to `max_tokens`: at least WORKSPACE_BYTES, more for big steps.
 
     The prefill kernels may split sequences and keep float32 partial outputs for every
@@ -26,7 +23,7 @@ def workspace_bytes(shape: "AttentionShape", max_tokens: int) -> int:
     return max(WORKSPACE_BYTES, partials + (32 << 20))
 
 
-def default_kernel(device: torch.device, shape: "AttentionShape") -> str:
+def default_kernel(device: torch.device, shape: AttentionShape) -> str:
     """FlashInfer's kernel family: fa3 on Hopper where it compiles (head_dim 64, 128, 256), else fa2.
 
     On the H200, with its host plan overlapping the previous step, fa3 on strided Q/K/V gave
@@ -71,7 +68,7 @@ class FlashInferAttention:
 
     name = "flashinfer"
 
-    def __init__(self, device: torch.device, shape: "AttentionShape", causal: bool,
+    def __init__(self, device: torch.device, shape: AttentionShape, causal: bool,
                  dtype: torch.dtype = torch.bfloat16, max_tokens: int = 16384, kernel: str | None = None,
                  contiguous: bool | None = None) -> None:
         import flashinfer

@@ -171,6 +171,8 @@ def test_engine_config_with_keyword_overrides_and_fern_switches(monkeypatch) -> 
     assert all(layer.mlp.gelu_epilogue is True for layer in given.model.layers)
     np.testing.assert_allclose(given.embed([[101, 7592, 102]]), from_env.embed([[101, 7592, 102]]),
                                rtol=1e-5, atol=1e-5)  # on the CPU the epilogue switch changes nothing
+    with pytest.raises(RuntimeError, match="time_step replays CUDA graphs; this engine runs on cpu"):
+        given.time_step([[101, 102]])
 
 
 def test_step_returns_a_finished_handle_on_cpu(engine: Engine, token_ids: list[list[int]]) -> None:
@@ -314,7 +316,7 @@ def _planning_engine(monkeypatch: pytest.MonkeyPatch, max_graphs: int, eager_hit
     """A padded CPU engine whose attention is FlashInferAttention over the stand-in wrapper, with graphs."""
     from core_engine import attention
     from core_engine.attention.flashinfer import FlashInferAttention
-    from core_engine.attention.select import AttentionShape
+    from core_engine.attention.base import AttentionShape
 
     log = PlanLog()
     fake = types.SimpleNamespace(BatchPrefillWithRaggedKVCacheWrapper=functools.partial(FakePrefillWrapper, log))
@@ -489,7 +491,7 @@ def test_a_graph_key_evicted_and_captured_again_runs_on_its_new_wrapper(engine: 
 ])
 def test_flashinfer_kernel_is_fa3_only_on_hopper_head_dims_it_compiles(monkeypatch, capability, head_dim, kernel):
     from core_engine.attention.flashinfer import default_kernel
-    from core_engine.attention.select import AttentionShape
+    from core_engine.attention.base import AttentionShape
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     assert default_kernel(torch.device("cuda", 0), AttentionShape(16, 16, head_dim)) == kernel

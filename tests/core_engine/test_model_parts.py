@@ -348,7 +348,7 @@ def test_qk_norm_rope_op_on_cpu_is_the_torch_formula_under_compile():
 
 def test_flashinfer_workspace_grows_with_the_largest_step():
     from core_engine.attention.flashinfer import WORKSPACE_BYTES, workspace_bytes
-    from core_engine.attention.select import AttentionShape
+    from core_engine.attention.base import AttentionShape
 
     bge_m3 = AttentionShape(num_qo_heads=16, num_kv_heads=16, head_dim=64)
     assert workspace_bytes(bge_m3, 8192) == WORKSPACE_BYTES
