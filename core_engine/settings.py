@@ -1,4 +1,4 @@
-"""Fern's settings: the frozen `EngineConfig` (with its `BucketConfig`, `KernelOptions`) and `SidecarConfig`; the one place FERN_* switches are read.
+"""Fern's settings: frozen EngineConfig (BucketConfig, KernelOptions) and SidecarConfig; the one place FERN_* is read.
 
 Engine, scheduler and tokenizer modules take these objects and read no environment; `fern
 serve` builds both once, from its flags and `from_env()`. (The command-line tools' own env
