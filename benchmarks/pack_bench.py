@@ -6,7 +6,7 @@ its own step), so its per-call overhead is a share of a query's latency. For eac
 
 - `prepare`: the whole of `Engine.prepare` on the bundled MiniLM engine on the CPU with bucket
   padding on, as on CUDA (packing, graph key, attention plan; the CPU buffer is not pinned);
-- `sliced`, `whole_array`: the two ways `_pack_into` fills the buffer (one slice assignment per
+- `sliced`, `whole_array`: the two ways `pack_into` fills the buffer (one slice assignment per
   sequence and region, or numpy's whole-array operations), on the same inputs; the engine
   picks sliced up to SLICED_PACK_SEQS sequences.
 
@@ -41,8 +41,8 @@ def _per_call_us(fn: Callable[[], Any], budget_s: float = 0.2) -> float:
 
 
 def run(rounds: int) -> dict[str, Any]:
-    from core_engine import engine as engine_module
-    from core_engine.engine import Engine, _pack_into, _packed_size
+    from core_engine.batch import SLICED_PACK_SEQS, pack_into, packed_size
+    from core_engine.engine import Engine
 
     engine = Engine(device="cpu", pad_to_buckets=True)
     rng = np.random.default_rng(0)
@@ -52,18 +52,18 @@ def run(rounds: int) -> dict[str, Any]:
         lengths = [len(s) for s in seqs]
         total = sum(lengths)
         key = engine.prepare(seqs).key
-        buf = np.empty(_packed_size(key.tokens, key.slots), dtype=np.int64)
+        buf = np.empty(packed_size(key.tokens, key.slots), dtype=np.int64)
         ramp = engine._ramp
         ways = {"prepare": lambda: engine.prepare(seqs),
-                "sliced": lambda: _pack_into(buf, key, seqs, lengths, total, ramp, sliced=True),
-                "whole_array": lambda: _pack_into(buf, key, seqs, lengths, total, ramp, sliced=False)}
+                "sliced": lambda: pack_into(buf, key, seqs, lengths, total, ramp, sliced=True),
+                "whole_array": lambda: pack_into(buf, key, seqs, lengths, total, ramp, sliced=False)}
         timings: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(rounds):
             for name, fn in ways.items():
                 timings[name].append(_per_call_us(fn))
         rows[f"{count}x{length}"] = {name: round(statistics.median(v), 2) for name, v in timings.items()}
         print(f"{count:4d} x {length:4d}", rows[f"{count}x{length}"], flush=True)
-    return {"sliced_pack_seqs": engine_module.SLICED_PACK_SEQS, "us_per_call": rows}
+    return {"sliced_pack_seqs": SLICED_PACK_SEQS, "us_per_call": rows}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -13,8 +12,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from core_engine.attention.base import AttentionMetadata, AttentionPlan
+from core_engine.attention.base import AttentionPlan
 from core_engine.attention.select import make_attention
+from core_engine.batch import model_inputs, pack_into, packed_size, regions
 from core_engine.config import ModelSpec, default_model_dir, load_spec
 from core_engine.graphs import (Action, BucketConfig, CapturePolicy, GraphCache, GraphCounters, GraphKey, key_for,
                                 prewarm_shapes)
@@ -60,12 +60,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 @dataclass
 class PreparedBatch:
-    """One step's inputs, packed on the host (pinned on CUDA) in a single int64 buffer.
-
-    Layout of `packed` for key (T tokens, S slots): input_ids[T] | positions[T] | seq_ids[T] |
-    cu_seqlens[S + 1] | seq_lens[S]. Real tokens come first; bucket padding tokens form the
-    last slot, so every token belongs to a slot and every row the model computes is finite.
-    """
+    """One step's inputs, packed on the host (pinned on CUDA) in a single int64 buffer (layout: core_engine.batch)."""
 
     packed: torch.Tensor
     key: GraphKey
@@ -78,94 +73,23 @@ class PreparedBatch:
 
     @property
     def input_ids(self) -> torch.Tensor:
-        return _regions(self.packed, self.key)[0]
+        return regions(self.packed, self.key)[0]
 
     @property
     def positions(self) -> torch.Tensor:
-        return _regions(self.packed, self.key)[1]
+        return regions(self.packed, self.key)[1]
 
     @property
     def seq_ids(self) -> torch.Tensor:
-        return _regions(self.packed, self.key)[2]
+        return regions(self.packed, self.key)[2]
 
     @property
     def cu_seqlens(self) -> torch.Tensor:
-        return _regions(self.packed, self.key)[3]
+        return regions(self.packed, self.key)[3]
 
     @property
     def seq_lens(self) -> torch.Tensor:
-        return _regions(self.packed, self.key)[4]
-
-
-def _packed_size(tokens: int, slots: int) -> int:
-    return 3 * tokens + 2 * slots + 1
-
-
-def _regions(buf: torch.Tensor | np.ndarray, key: GraphKey) -> tuple:
-    """input_ids, positions, seq_ids, cu_seqlens, seq_lens: views into a packed buffer (torch or numpy).
-
-    The one place the layout of PreparedBatch.packed is written down in code.
-    """
-    t, s = key.tokens, key.slots
-    return buf[:t], buf[t: 2 * t], buf[2 * t: 3 * t], buf[3 * t: 3 * t + s + 1], buf[3 * t + s + 1: 3 * t + 2 * s + 1]
-
-
-# Up to this many sequences, a batch is packed one slice assignment per sequence and region;
-# larger ones with numpy's whole-array operations. A query (one sequence) is the case that
-# matters: its packing is on the path of every online request, where the dozen whole-array
-# calls cost more in per-call overhead than the few slices. On the 2-core CI machine
-# (`python -m benchmarks.pack_bench`, results/pack-cpu.json): 1 x 128 tokens 6.3 against
-# 11.9 us, 2 x 128 9.4 against 14.3, about even at 4-8 sequences, whole-array ahead from 16.
-SLICED_PACK_SEQS = 2
-
-
-def _upto(ramp: np.ndarray, n: int) -> np.ndarray:
-    """0..n-1 (int64): a view of `ramp` (0, 1, 2, ...) when it is long enough, else a new range."""
-    return ramp[:n] if n <= len(ramp) else np.arange(n, dtype=np.int64)
-
-
-def _pack_into(buf: np.ndarray, key: GraphKey, sequences: Sequence[Sequence[int]], lengths: list[int],
-               total: int, ramp: np.ndarray, *, sliced: bool | None = None) -> np.ndarray:
-    """Fill a packed buffer (layout: PreparedBatch) for `key`; returns its cu_seqlens region.
-
-    `ramp` is 0, 1, 2, ... (int64), positions are slices of it instead of a new range per call.
-    `sliced` picks the per-sequence or the whole-array way (default: by SLICED_PACK_SEQS);
-    both write the same buffer, which the tests check.
-    """
-    ids, pos, sid, cu, lens = _regions(buf, key)
-    num_seqs, tokens, slots = len(lengths), key.tokens, key.slots
-    if sliced is None:
-        sliced = num_seqs <= SLICED_PACK_SEQS
-    cu[0] = 0
-    if sliced:
-        start = 0
-        for i, (seq, length) in enumerate(zip(sequences, lengths)):
-            end = start + length
-            ids[start:end] = seq
-            pos[start:end] = _upto(ramp, length)  # 0-based: the model applies XLM-R's offset itself
-            sid[start:end] = i
-            cu[i + 1] = end
-            start = end
-        lens[:num_seqs] = lengths
-    else:
-        counts = np.asarray(lengths, dtype=np.int64)
-        ids[:total] = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=total)
-        np.cumsum(counts, out=cu[1: num_seqs + 1])
-        pos[:total] = _upto(ramp, total) - np.repeat(cu[:num_seqs], counts)
-        sid[:total] = np.repeat(_upto(ramp, num_seqs), counts)
-        lens[:num_seqs] = counts
-    if slots > num_seqs:
-        # Unused slots are empty; the last slot holds the bucket padding, a real (discarded)
-        # sequence of token 0, so attention and pooling see only finite, in-range rows.
-        pad = tokens - total
-        cu[num_seqs + 1: slots] = total
-        cu[slots] = tokens
-        lens[num_seqs: slots - 1] = 0
-        lens[slots - 1] = pad
-        ids[total:] = 0
-        pos[total:] = _upto(ramp, pad)
-        sid[total:] = slots - 1
-    return cu
+        return regions(self.packed, self.key)[4]
 
 
 class Engine:
@@ -218,7 +142,7 @@ class Engine:
         self.max_step_tokens = max_step_tokens
         step_bucket = self.buckets.tokens(max_step_tokens)
         # Captured steps read their inputs from one static buffer of this many int64s.
-        self._static_size = _packed_size(step_bucket, self.buckets.slots(max_step_tokens))
+        self._static_size = packed_size(step_bucket, self.buckets.slots(max_step_tokens))
         for length, count in shapes:
             if not self._fits_static(key_for([length] * count, self.buckets)):
                 raise ValueError(f"prewarm: {length}x{count} ({length * count} tokens) does not fit the static "
@@ -304,8 +228,8 @@ class Engine:
             key = key_for(lengths, self.buckets)
         else:
             key = GraphKey(tokens=total, slots=num_seqs, max_seqlen=longest)
-        packed = torch.empty(_packed_size(key.tokens, key.slots), dtype=torch.int64, pin_memory=self._cuda)
-        cu = _pack_into(packed.numpy(), key, sequences, lengths, total, self._ramp)
+        packed = torch.empty(packed_size(key.tokens, key.slots), dtype=torch.int64, pin_memory=self._cuda)
+        cu = pack_into(packed.numpy(), key, sequences, lengths, total, self._ramp)
         batch = PreparedBatch(packed=packed, key=key, num_seqs=num_seqs, num_tokens=total,
                               cu_seqlens_cpu=torch.from_numpy(cu.astype(np.int32)))
         # Plan attention now: the scheduler prepares step N+1 while step N runs on the GPU, so
@@ -319,23 +243,14 @@ class Engine:
     # -- device side ----------------------------------------------------------------------
 
     def _forward_on(self, buf: torch.Tensor, key: GraphKey, cu_cpu: torch.Tensor) -> torch.Tensor:
-        input_ids, positions, seq_ids, cu_seqlens, seq_lens = _regions(buf, key)
-        meta = AttentionMetadata(
-            cu_seqlens=cu_seqlens.to(torch.int32),
-            max_seqlen=key.max_seqlen,
-            seq_ids=seq_ids,
-            seq_lens=seq_lens,
-            causal=self.spec.causal,
-            cu_seqlens_cpu=cu_cpu,
-        )
-        return self._forward_model(input_ids, positions, meta)
+        return self._forward_model(*model_inputs(buf, key, self.spec.causal, cu_cpu))
 
     def _on_device(self) -> contextlib.AbstractContextManager:
         return torch.cuda.device(self.device) if self._cuda else contextlib.nullcontext()
 
     def _fits_static(self, key: GraphKey) -> bool:
         """Whether a step of `key` fits the static input buffer (else it always runs eagerly)."""
-        return _packed_size(key.tokens, key.slots) <= self._static_size
+        return packed_size(key.tokens, key.slots) <= self._static_size
 
     def _action(self, batch: PreparedBatch, counted: bool) -> Action | None:
         """How `batch` runs: the graph policy's action, or None when it exceeds the static buffers

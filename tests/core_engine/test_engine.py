@@ -15,7 +15,7 @@ import torch
 from core_engine.attention.base import AttentionMetadata
 from core_engine.attention.cpu import CpuAttention
 from core_engine import engine as engine_module
-from core_engine.engine import Engine, PreparedBatch, _pack_into, _packed_size
+from core_engine.engine import Engine, PreparedBatch
 from core_engine.graphs import Action, BucketConfig, CapturePolicy, GraphCache, GraphKey, key_for
 from core_engine.settings import EngineConfig
 
@@ -114,25 +114,6 @@ def test_padded_prepare_puts_padding_in_the_last_slot(padded_engine: Engine) -> 
     assert batch.seq_ids[8:].tolist() == [3] * 56
     assert batch.positions[8:].tolist() == list(range(56))
     assert batch.input_ids[8:].tolist() == [0] * 56
-
-
-@pytest.mark.parametrize("padded", [False, True])
-def test_both_ways_of_packing_write_the_same_buffer(padded: bool) -> None:
-    """One sequence at a time (queries) and whole-array (bulk) fill identical buffers, padding or not."""
-    rng = np.random.default_rng(7)
-    buckets = BucketConfig()
-    for count in (1, 2, 3, 5, 17, 64):
-        seqs = [rng.integers(1, 30000, size=int(n)).tolist() for n in rng.integers(1, 300, size=count)]
-        lengths = [len(s) for s in seqs]
-        total = sum(lengths)
-        key = key_for(lengths, buckets) if padded else GraphKey(total, count, max(lengths))
-        bufs = [np.full(_packed_size(key.tokens, key.slots), -1, dtype=np.int64) for _ in range(2)]
-        ramp = np.arange(key.tokens // 2, dtype=np.int64)  # too short for some: they make their own range
-        cus = [_pack_into(buf, key, seqs, lengths, total, ramp, sliced=way) for buf, way in zip(bufs, (True, False))]
-        np.testing.assert_array_equal(bufs[0], bufs[1])
-        assert (bufs[0] >= 0).all()  # every entry written
-        np.testing.assert_array_equal(cus[0], cus[1])
-        assert cus[0][count] == total and cus[0][-1] == key.tokens
 
 
 def test_packing_positions_beyond_the_engines_range(padded_engine: Engine, monkeypatch) -> None:
