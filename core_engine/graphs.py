@@ -10,38 +10,9 @@ from typing import Callable, Iterable
 
 import torch
 
+from core_engine.settings import BucketConfig
+
 log = logging.getLogger(__name__)
-
-@dataclass(frozen=True)
-class BucketConfig:
-    """How packed batches are rounded up so that few distinct shapes (and graphs) exist.
-
-    Token counts up to `small_limit` round up to a multiple of `small_step`, larger ones to a
-    multiple of `large_step`. Sequence slots round up to a power of two that leaves one slot
-    free for the padding tokens; the longest-sequence bound rounds up to a power of two.
-    """
-
-    small_step: int = 64
-    large_step: int = 256
-    small_limit: int = 1024
-    min_seqlen: int = 64
-
-    def tokens(self, num_tokens: int) -> int:
-        """Token bucket for a batch of `num_tokens` real tokens (at least one step)."""
-        if num_tokens < 0:
-            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-        step = self.small_step if num_tokens <= self.small_limit else self.large_step
-        return max(step, -(-num_tokens // step) * step)
-
-    def slots(self, num_seqs: int) -> int:
-        """Sequence-slot bucket: a power of two > num_seqs (the last slot holds padding)."""
-        if num_seqs < 1:
-            raise ValueError(f"num_seqs must be >= 1, got {num_seqs}")
-        return 1 << num_seqs.bit_length()  # smallest power of two strictly greater
-
-    def seqlen(self, longest: int, token_bucket: int) -> int:
-        """Bound on any one slot's length: a power of two, at most the token bucket."""
-        return min(token_bucket, max(self.min_seqlen, 1 << max(0, longest - 1).bit_length()))
 
 
 @dataclass(frozen=True)

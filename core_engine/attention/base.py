@@ -36,6 +36,15 @@ class AttentionMetadata:
         return self.cu_seqlens.shape[0] - 1
 
 
+@dataclass(frozen=True)
+class AttentionShape:
+    """Head layout of a model, read from its config.json."""
+
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
 @runtime_checkable
 class AttentionBackend(Protocol):
     """Packed variable-length attention with softmax scale 1/sqrt(head_dim).

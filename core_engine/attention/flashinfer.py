@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from core_engine.attention.base import AttentionMetadata
+from core_engine.attention.base import AttentionMetadata, AttentionShape
 from core_engine.graphs import GraphKey
-
-if TYPE_CHECKING:
-    from core_engine.attention.select import AttentionShape
 
 WORKSPACE_BYTES = 128 << 20
 
 
-def workspace_bytes(shape: "AttentionShape", max_tokens: int) -> int:
+def workspace_bytes(shape: AttentionShape, max_tokens: int) -> int:
     """Scratch space for steps of up to `max_tokens`: at least WORKSPACE_BYTES, more for big steps.
 
     The prefill kernels may split sequences and keep float32 partial outputs for every
@@ -27,7 +23,7 @@ def workspace_bytes(shape: "AttentionShape", max_tokens: int) -> int:
     return max(WORKSPACE_BYTES, partials + (32 << 20))
 
 
-def default_kernel(device: torch.device, shape: "AttentionShape") -> str:
+def default_kernel(device: torch.device, shape: AttentionShape) -> str:
     """FlashInfer's kernel family: fa3 on Hopper where it compiles (head_dim 64, 128, 256), else fa2.
 
     On the H200, with its host plan overlapping the previous step, fa3 on strided Q/K/V gave
@@ -67,12 +63,14 @@ class FlashInferAttention:
     graph. A graph-mode wrapper has a fixed slot count and may never be planned for more
     tokens than at its first plan, so each graph key owns one wrapper (released with the
     graph); eager steps share one ordinary wrapper. Grouped-query attention is native.
+    `kernel` ("fa2", "fa3") and `contiguous` (Q/K/V made contiguous) default by device and kernel.
     """
 
     name = "flashinfer"
 
-    def __init__(self, device: torch.device, shape: "AttentionShape", causal: bool,
-                 dtype: torch.dtype = torch.bfloat16, max_tokens: int = 16384) -> None:
+    def __init__(self, device: torch.device, shape: AttentionShape, causal: bool,
+                 dtype: torch.dtype = torch.bfloat16, max_tokens: int = 16384, kernel: str | None = None,
+                 contiguous: bool | None = None) -> None:
         import flashinfer
 
         self._flashinfer = flashinfer
@@ -80,8 +78,8 @@ class FlashInferAttention:
         self.shape = shape
         self.causal = causal
         self.dtype = dtype
-        self.kernel = os.environ.get("FERN_FLASHINFER_BACKEND") or default_kernel(device, shape)
-        self.contiguous = os.environ.get("FERN_FLASHINFER_CONTIGUOUS", "0" if self.kernel == "fa3" else "1") != "0"
+        self.kernel = kernel or default_kernel(device, shape)
+        self.contiguous = self.kernel != "fa3" if contiguous is None else contiguous
         self._workspace = torch.empty(workspace_bytes(shape, max_tokens), dtype=torch.uint8, device=device)
         self._eager = self._new_wrapper()
         self._graph_wrappers: dict[GraphKey, _Wrapper] = {}

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from core_engine.attention import get_backend, register_backend
-from core_engine.attention.base import AttentionBackend, AttentionMetadata, AttentionPlan, PlanningBackend
+from core_engine.attention.base import (AttentionBackend, AttentionMetadata, AttentionPlan, AttentionShape,
+                                        PlanningBackend)
 from core_engine.graphs import GraphKey
+from core_engine.settings import KernelOptions
 
 if TYPE_CHECKING:
     from core_engine.config import ModelSpec
-    from core_engine.engine import Engine
+
+# Milliseconds per step of these token-id sequences with the backends as chosen now; `pipelined`:
+# timed back to back, as throughput steps run (the engine's `time_step`).
+StepTimer = Callable[[Sequence[Sequence[int]], bool], float]
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +42,6 @@ def _flashinfer(**kwargs: Any) -> AttentionBackend:
 
 register_backend("varlen", _varlen)
 register_backend("flashinfer", _flashinfer)
-
-
-@dataclass(frozen=True)
-class AttentionShape:
-    """Head layout of a model, read from its config.json."""
-
-    num_qo_heads: int
-    num_kv_heads: int
-    head_dim: int
 
 
 def attention_shape(spec: "ModelSpec") -> AttentionShape:
@@ -142,77 +137,31 @@ class AttentionSelector:
             if release is not None:
                 release(key)
 
-    def choose(self, engine: "Engine", repeats: int = 30) -> None:
-        """Time each candidate on a small and a large step of this model; keep the fastest per class.
+    def choose(self, time_step: StepTimer, max_tokens: int, model: str) -> None:
+        """Time each candidate on a small and a large step of the model; keep the fastest per class.
 
-        Each candidate is timed as it will serve, through a CUDA graph of the step. A small
-        (latency) step pays its host-side plan before its replay, as a lone request does; large
-        (throughput) steps come back to back, and the scheduler prepares (plans) step N+1 while
-        step N runs, so there the plan overlaps the previous replay.
+        `time_step(sequences, pipelined)` runs the steps as they will serve, with each candidate
+        in turn chosen for the class: a small (latency) step serialized, large (throughput)
+        steps back to back. `max_tokens` is the model's limit per sequence, `model` its name.
         """
         if self.forced or len(self.candidates) == 1:
             return
-        longest = min(engine.spec.max_tokens, 512)
+        longest = min(max_tokens, 512)
         shapes = {"small": [[0] * min(128, longest)],
                   "large": [[0] * longest] * max(1, 8192 // longest)}
         for cls, seqs in shapes.items():
-            batch = engine.prepare(seqs)
             times: dict[str, float] = {}
             for name in self.candidates:
                 self.choices[cls] = name
                 try:
-                    times[name] = _time_graph(engine, batch, repeats, pipelined=cls == "large")
+                    times[name] = time_step(seqs, cls == "large")
                 except RuntimeError as exc:
-                    log.warning("attention backend %s failed on %s (%s); not used", name, engine.spec.name, exc)
+                    log.warning("attention backend %s failed on %s (%s); not used", name, model, exc)
             if not times:
-                raise RuntimeError(f"no attention backend ran model {engine.spec.name!r}")
+                raise RuntimeError(f"no attention backend ran model {model!r}")
             self.choices[cls] = min(times, key=times.get)
             self.measurements[cls] = times
-        log.info("attention for %s: %s (measured ms/step %s)", engine.spec.name, self.choices, self.measurements)
-
-
-def _time_graph(engine: "Engine", batch: Any, repeats: int, pipelined: bool) -> float:
-    """Median milliseconds per step of `batch` through a CUDA graph, with the active backend (policy untouched).
-
-    Serialized: host plan + replay + wait. Pipelined, as the scheduler runs back-to-back steps:
-    plan step N+1 while N runs, wait for N, replay N+1; a step costs the time between two
-    consecutive completions, so a plan shorter than the replay it overlaps costs nothing.
-    """
-    attention = engine.attention
-    key = batch.key
-    with torch.inference_mode(), torch.cuda.device(engine.device):
-        buf = batch.packed.to(engine.device)
-        attention.activate(key)
-        attention.plan(key, batch.cu_seqlens_cpu, for_graph=True)
-        engine._forward_on(buf, key, batch.cu_seqlens_cpu)  # warm: JIT, compile, workspaces
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            engine._forward_on(buf, key, batch.cu_seqlens_cpu)
-        torch.cuda.synchronize(engine.device)
-        times = []
-        if pipelined:
-            done = torch.cuda.Event()
-            finished = []
-            for _ in range(repeats + 4):
-                attention.plan(key, batch.cu_seqlens_cpu, for_graph=True)  # overlaps the replay in flight
-                done.synchronize()  # that replay has finished (at once the first time: nothing recorded)
-                finished.append(time.perf_counter())
-                graph.replay()
-                done.record()
-            times = [b - a for a, b in zip(finished[3:], finished[4:])]
-        else:
-            for _ in range(repeats + 3):
-                start = time.perf_counter()
-                attention.plan(key, batch.cu_seqlens_cpu, for_graph=True)
-                graph.replay()
-                torch.cuda.synchronize(engine.device)
-                times.append(time.perf_counter() - start)
-            times = times[3:]
-        torch.cuda.synchronize(engine.device)
-        del graph
-        attention.release(key)
-    times.sort()
-    return times[len(times) // 2] * 1e3
+        log.info("attention for %s: %s (measured ms/step %s)", model, self.choices, self.measurements)
 
 
 @functools.cache
@@ -231,7 +180,8 @@ def opaque_selector() -> type[AttentionSelector]:
 
 
 def make_attention(name: str, device: torch.device, spec: "ModelSpec", dtype: torch.dtype = torch.bfloat16,
-                   max_tokens: int = 16384, compiled: bool = False) -> AttentionSelector:
+                   max_tokens: int = 16384, compiled: bool = False,
+                   kernels: KernelOptions | None = None) -> AttentionSelector:
     """The attention the engine builds its model with (`compiled`: for a model torch.compile runs).
 
     "auto": the CPU path on CPU; on CUDA `varlen` plus FlashInfer where it can serve the model,
@@ -239,14 +189,16 @@ def make_attention(name: str, device: torch.device, spec: "ModelSpec", dtype: to
     """
     selector = opaque_selector() if compiled else AttentionSelector
     shape = attention_shape(spec)
+    kernels = kernels or KernelOptions()
+    flashinfer_options = dict(device=device, shape=shape, causal=spec.causal, dtype=dtype, max_tokens=max_tokens,
+                              kernel=kernels.flashinfer_backend, contiguous=kernels.flashinfer_contiguous)
     if name == "auto":
         if device.type != "cuda":
             return selector({"cpu": get_backend("cpu")}, forced="cpu")
         candidates: dict[str, AttentionBackend] = {"varlen": get_backend("varlen")}
         why_not = flashinfer_usable(shape)
         if why_not is None:
-            candidates["flashinfer"] = get_backend("flashinfer", device=device, shape=shape, causal=spec.causal,
-                                                   dtype=dtype, max_tokens=max_tokens)
+            candidates["flashinfer"] = get_backend("flashinfer", **flashinfer_options)
         else:
             log.info("FlashInfer not a candidate for %s: %s", spec.name, why_not)
         return selector(candidates, forced=None)
@@ -256,8 +208,7 @@ def make_attention(name: str, device: torch.device, spec: "ModelSpec", dtype: to
         why_not = flashinfer_usable(shape)
         if why_not is not None:
             raise ValueError(f"attention 'flashinfer' cannot serve {spec.name!r}: {why_not}")
-        backend = get_backend("flashinfer", device=device, shape=shape, causal=spec.causal, dtype=dtype,
-                              max_tokens=max_tokens)
+        backend = get_backend("flashinfer", **flashinfer_options)
     else:
         backend = get_backend(name)
     return selector({name: backend}, forced=name)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,12 +29,12 @@ class ResidualLinear(nn.Linear):
     the RMSNorm that reads the sum (Qwen3Layer places every residual add in front of a norm).
     On the H200 a 1x128 pplx-0.6b step went from 344 to 289 kernels and 1.24 to 1.18 ms of
     kernel time; its wall time and the 32x512 throughput stayed within their run-to-run spread.
-    FERN_ADDMM_RESIDUAL=1 restores the folded form, to measure one against the other.
+    `opaque=False` (KernelOptions.opaque_residual) restores the folded form, to measure one against the other.
     """
 
-    def __init__(self, in_features: int, out_features: int) -> None:
+    def __init__(self, in_features: int, out_features: int, opaque: bool = True) -> None:
         super().__init__(in_features, out_features, bias=False)
-        self.opaque = os.environ.get("FERN_ADDMM_RESIDUAL", "0") in ("0", "")
+        self.opaque = opaque
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return residual_linear(x, self.weight) if self.opaque else F.linear(x, self.weight)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
@@ -53,16 +52,16 @@ class DenseMLP(nn.Module):
     On CUDA a GELU activation runs as the up-projection's cuBLASLt epilogue (`linear_gelu`):
     measured on an H200 with the BGE-M3 shape, +6.7 % embeddings/s at 512 tokens and 0.944 ->
     0.907 ms of GPU kernel time for one 128-token text, vectors at cosine >= 0.99994 to the
-    separate exact-GELU kernel (the epilogue uses GELU's tanh form). FERN_GELU_EPILOGUE=0
-    turns it off.
+    separate exact-GELU kernel (the epilogue uses GELU's tanh form). `gelu_epilogue=False`
+    (KernelOptions.gelu_epilogue) turns it off.
     """
 
-    def __init__(self, hidden: int, intermediate: int, act: str) -> None:
+    def __init__(self, hidden: int, intermediate: int, act: str, gelu_epilogue: bool = True) -> None:
         super().__init__()
         self.up = nn.Linear(hidden, intermediate)
         self.down = nn.Linear(intermediate, hidden)
         self.act = activation(act)
-        self.gelu_epilogue = act.startswith("gelu") and os.environ.get("FERN_GELU_EPILOGUE", "1") != "0"
+        self.gelu_epilogue = act.startswith("gelu") and gelu_epilogue
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gelu_epilogue and x.is_cuda:
@@ -73,14 +72,14 @@ class DenseMLP(nn.Module):
 class SwiGLU(nn.Module):
     """down(act(gate(x)) * up(x)) with gate and up stacked in one weight, one matmul.
 
-    ``down`` feeds the residual stream (`ResidualLinear`).
+    ``down`` feeds the residual stream (`ResidualLinear`, opaque unless `opaque_residual=False`).
     """
 
-    def __init__(self, hidden: int, intermediate: int, act: str) -> None:
+    def __init__(self, hidden: int, intermediate: int, act: str, opaque_residual: bool = True) -> None:
         super().__init__()
         self.intermediate = intermediate
         self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down = ResidualLinear(intermediate, hidden)
+        self.down = ResidualLinear(intermediate, hidden, opaque=opaque_residual)
         self.act = activation(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -8,15 +8,15 @@ under 1 TB/s), where the bytes moved need about 1.6 ms.
 
 It is a custom op, so torch.compile keeps it whole and CUDA graphs record it. The first
 CUDA call checks the kernel against the plain torch formula on random rows; if Triton is
-missing, the check fails or FERN_TRITON_KERNELS=0 is set, the torch formula serves instead
-(logged once), so a broken kernel can cost speed but never vectors.
+missing or the check fails, the torch formula serves instead (logged once), so a broken
+kernel can cost speed but never vectors. `triton=False` (KernelOptions.triton_kernels) asks
+for the torch formula.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 
 import torch
 import torch.nn.functional as F
@@ -108,9 +108,6 @@ def _kernel_ok(device: torch.device) -> bool:
 
 def _check(device: torch.device) -> bool:
     """Run the kernel beside the torch formula on random rows of a Qwen3-like layout."""
-    if os.environ.get("FERN_TRITON_KERNELS") == "0":
-        log.info("FERN_TRITON_KERNELS=0: Qwen3 q/k norm + rotary runs as torch ops")
-        return False
     if triton is None:
         log.info("Triton is not installed: Qwen3 q/k norm + rotary runs as torch ops")
         return False
@@ -136,13 +133,14 @@ def _check(device: torch.device) -> bool:
 
 @torch.library.custom_op("fern::qk_norm_rope", mutates_args=())
 def qk_norm_rope(qk: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 eps: float, q_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float, q_heads: int, triton: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, q_heads, D] and k [T, H - q_heads, D], normalized and rotated, each contiguous.
 
     From qk [T, H, D] (q heads first); see the module doc. Separate contiguous outputs keep
     the attention kernel from copying strided q/k views (two copies a layer on the H200).
+    `triton=False` runs the torch formula even where the kernel works.
     """
-    if qk.is_cuda and qk.shape[-1] % 2 == 0 and _kernel_ok(qk.device):
+    if triton and qk.is_cuda and qk.shape[-1] % 2 == 0 and _kernel_ok(qk.device):
         return _triton_qk_norm_rope(qk, weight, cos, sin, eps, q_heads)
     out = qk_norm_rope_reference(qk, weight, cos, sin, eps)
     return out[:, :q_heads].contiguous(), out[:, q_heads:].contiguous()
@@ -150,6 +148,6 @@ def qk_norm_rope(qk: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin:
 
 @qk_norm_rope.register_fake
 def _qk_norm_rope_fake(qk: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                       eps: float, q_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+                       eps: float, q_heads: int, triton: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     t, heads, d = qk.shape
     return qk.new_empty((t, q_heads, d)), qk.new_empty((t, heads - q_heads, d))

@@ -21,12 +21,13 @@ from core_engine.layers.linear import QKVLinear, fuse_rows
 from core_engine.layers.mlp import DenseMLP
 from core_engine.layers.norm import LayerNorm
 from core_engine.pooling import Pooler
+from core_engine.settings import KernelOptions
 
 
 class BertLayer(nn.Module):
     """Post-norm transformer block: x = LN(x + attn(x)); x = LN(x + mlp(x))."""
 
-    def __init__(self, cfg: dict[str, Any], attention: AttentionBackend) -> None:
+    def __init__(self, cfg: dict[str, Any], attention: AttentionBackend, kernels: KernelOptions) -> None:
         super().__init__()
         hidden = cfg["hidden_size"]
         heads = cfg["num_attention_heads"]
@@ -34,7 +35,7 @@ class BertLayer(nn.Module):
         self.qkv = QKVLinear(hidden, heads, heads, hidden // heads, bias=True)
         self.out = nn.Linear(hidden, hidden)
         self.attn_norm = LayerNorm(hidden, eps=eps)
-        self.mlp = DenseMLP(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "gelu"))
+        self.mlp = DenseMLP(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "gelu"), kernels.gelu_epilogue)
         self.mlp_norm = LayerNorm(hidden, eps=eps)
         self.attention = attention
 
@@ -51,8 +52,9 @@ class BertLayer(nn.Module):
 class BertEncoder(nn.Module):
     """Embeddings, N post-norm layers and pooling: (input_ids[T], positions[T], meta) -> [B, H] fp32."""
 
-    def __init__(self, spec: ModelSpec, attention: AttentionBackend) -> None:
+    def __init__(self, spec: ModelSpec, attention: AttentionBackend, kernels: KernelOptions | None = None) -> None:
         super().__init__()
+        kernels = kernels or KernelOptions()
         cfg = spec.config
         hidden = cfg["hidden_size"]
         if cfg.get("position_embedding_type", "absolute") != "absolute":
@@ -64,10 +66,10 @@ class BertEncoder(nn.Module):
         # Position rows from position_offset on, with the token-type-0 vector already added.
         self.position_embeddings = Embedding(cfg["max_position_embeddings"] - spec.position_offset, hidden)
         self.embed_norm = LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))
-        self.layers = nn.ModuleList(BertLayer(cfg, attention) for _ in range(cfg["num_hidden_layers"]))
+        self.layers = nn.ModuleList(BertLayer(cfg, attention, kernels) for _ in range(cfg["num_hidden_layers"]))
         # CLS and last-token pooling read one row per text: the last layer keeps only those rows
         # after attention.
-        self.pooler = Pooler(spec.pooling, len(self.layers))
+        self.pooler = Pooler(spec.pooling, len(self.layers), kernels.pool_early)
         self.causal = spec.causal
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

@@ -23,6 +23,7 @@ from core_engine.layers.norm import RMSNorm
 from core_engine.layers.qk_norm_rope import qk_norm_rope
 from core_engine.layers.rotary import RotaryEmbedding
 from core_engine.pooling import Pooler
+from core_engine.settings import KernelOptions
 
 
 def _head_dim(cfg: dict[str, Any]) -> int:
@@ -38,7 +39,7 @@ class Qwen3Layer(nn.Module):
     q_norm's weight on the q rows and k_norm's on the k rows (stacked at load time).
     """
 
-    def __init__(self, cfg: dict[str, Any], attention: AttentionBackend) -> None:
+    def __init__(self, cfg: dict[str, Any], attention: AttentionBackend, kernels: KernelOptions) -> None:
         super().__init__()
         hidden = cfg["hidden_size"]
         heads = cfg["num_attention_heads"]
@@ -54,9 +55,10 @@ class Qwen3Layer(nn.Module):
         # epilogue, and torch.compile leaves the residual add alone; only the bias-free form
         # would have the residual folded into its matmul, which `ResidualLinear` prevents.
         self.out = (nn.Linear(heads * head_dim, hidden, bias=True) if bias
-                    else ResidualLinear(heads * head_dim, hidden))
+                    else ResidualLinear(heads * head_dim, hidden, opaque=kernels.opaque_residual))
         self.post_norm = RMSNorm(hidden, eps)
-        self.mlp = SwiGLU(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu"))
+        self.mlp = SwiGLU(hidden, cfg["intermediate_size"], cfg.get("hidden_act", "silu"), kernels.opaque_residual)
+        self.triton = kernels.triton_kernels
         self.attention = attention
 
     def forward(
@@ -75,7 +77,7 @@ class Qwen3Layer(nn.Module):
             x = x + pending
         t, d = x.shape[0], self.head_dim
         qk, v = self.qkv(self.input_norm(x)).split([(self.heads + self.kv_heads) * d, self.kv_heads * d], dim=-1)
-        q, k = qk_norm_rope(qk.view(t, -1, d), self.qk_norm_weight, cos, sin, self.eps, self.heads)
+        q, k = qk_norm_rope(qk.view(t, -1, d), self.qk_norm_weight, cos, sin, self.eps, self.heads, self.triton)
         a = self.attention(q, k, v.view(t, self.kv_heads, d), meta).reshape(t, -1)
         if rows is not None:
             a, x = a.index_select(0, rows), x.index_select(0, rows)
@@ -86,8 +88,9 @@ class Qwen3Layer(nn.Module):
 class Qwen3Encoder(nn.Module):
     """Token embeddings, N Qwen3 layers, final norm, pooling: (input_ids, positions, meta) -> [B, H] fp32."""
 
-    def __init__(self, spec: ModelSpec, attention: AttentionBackend) -> None:
+    def __init__(self, spec: ModelSpec, attention: AttentionBackend, kernels: KernelOptions | None = None) -> None:
         super().__init__()
+        kernels = kernels or KernelOptions()
         cfg = spec.config
         if cfg.get("use_sliding_window"):
             raise ValueError(f"{spec.path}: sliding-window attention is not supported")
@@ -97,11 +100,11 @@ class Qwen3Encoder(nn.Module):
         self.embed_tokens = Embedding(cfg["vocab_size"], cfg["hidden_size"])
         theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
         self.rotary = RotaryEmbedding(_head_dim(cfg), float(theta))
-        self.layers = nn.ModuleList(Qwen3Layer(cfg, attention) for _ in range(cfg["num_hidden_layers"]))
+        self.layers = nn.ModuleList(Qwen3Layer(cfg, attention, kernels) for _ in range(cfg["num_hidden_layers"]))
         self.norm = RMSNorm(cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6))
         # CLS and last-token pooling read one row per text: the last layer keeps only those rows
         # after attention.
-        self.pooler = Pooler(spec.pooling, len(self.layers))
+        self.pooler = Pooler(spec.pooling, len(self.layers), kernels.pool_early)
         self.causal = spec.causal
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

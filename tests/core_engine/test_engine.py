@@ -15,8 +15,9 @@ import torch
 from core_engine.attention.base import AttentionMetadata
 from core_engine.attention.cpu import CpuAttention
 from core_engine import engine as engine_module
-from core_engine.engine import Engine, PreparedBatch, _pack_into, _packed_size
+from core_engine.engine import Engine, PreparedBatch
 from core_engine.graphs import Action, BucketConfig, CapturePolicy, GraphCache, GraphKey, key_for
+from core_engine.settings import EngineConfig
 
 TEXTS = [
     "hello world",
@@ -115,25 +116,6 @@ def test_padded_prepare_puts_padding_in_the_last_slot(padded_engine: Engine) -> 
     assert batch.input_ids[8:].tolist() == [0] * 56
 
 
-@pytest.mark.parametrize("padded", [False, True])
-def test_both_ways_of_packing_write_the_same_buffer(padded: bool) -> None:
-    """One sequence at a time (queries) and whole-array (bulk) fill identical buffers, padding or not."""
-    rng = np.random.default_rng(7)
-    buckets = BucketConfig()
-    for count in (1, 2, 3, 5, 17, 64):
-        seqs = [rng.integers(1, 30000, size=int(n)).tolist() for n in rng.integers(1, 300, size=count)]
-        lengths = [len(s) for s in seqs]
-        total = sum(lengths)
-        key = key_for(lengths, buckets) if padded else GraphKey(total, count, max(lengths))
-        bufs = [np.full(_packed_size(key.tokens, key.slots), -1, dtype=np.int64) for _ in range(2)]
-        ramp = np.arange(key.tokens // 2, dtype=np.int64)  # too short for some: they make their own range
-        cus = [_pack_into(buf, key, seqs, lengths, total, ramp, sliced=way) for buf, way in zip(bufs, (True, False))]
-        np.testing.assert_array_equal(bufs[0], bufs[1])
-        assert (bufs[0] >= 0).all()  # every entry written
-        np.testing.assert_array_equal(cus[0], cus[1])
-        assert cus[0][count] == total and cus[0][-1] == key.tokens
-
-
 def test_packing_positions_beyond_the_engines_range(padded_engine: Engine, monkeypatch) -> None:
     """Positions are slices of the engine's 0, 1, 2, ... range, or a range of their own where it is short."""
     monkeypatch.setattr(padded_engine, "_ramp", np.arange(4, dtype=np.int64))
@@ -154,6 +136,24 @@ def test_prewarm_fails_before_the_weights_load_and_is_skipped_without_graphs(mon
     with pytest.raises(ValueError, match=r"prewarm: 256x20 \(5120 tokens\) does not fit the static buffers .*"
                                          r"\(max_step_tokens 2048\)"):
         Engine(device="cpu", prewarm="256x8,256x20", max_step_tokens=2048)
+
+
+def test_engine_config_with_keyword_overrides_and_fern_switches(monkeypatch) -> None:
+    """Keywords override `config`'s fields; without a config the FERN_* switches apply, with one they do not."""
+    monkeypatch.setenv("FERN_GELU_EPILOGUE", "0")
+    from_env = Engine(device="cpu", max_graphs=7)
+    assert from_env.config.kernels.gelu_epilogue is False and from_env.config.max_graphs == 7
+    assert all(layer.mlp.gelu_epilogue is False for layer in from_env.model.layers)
+
+    config = EngineConfig(device="cpu", eager_hits=3, buckets=BucketConfig(small_step=32))
+    given = Engine(config=config, eager_hits=2)
+    assert given.config == config.replace(eager_hits=2) and given.policy.eager_hits == 2
+    assert given.buckets.small_step == 32
+    assert all(layer.mlp.gelu_epilogue is True for layer in given.model.layers)
+    np.testing.assert_allclose(given.embed([[101, 7592, 102]]), from_env.embed([[101, 7592, 102]]),
+                               rtol=1e-5, atol=1e-5)  # on the CPU the epilogue switch changes nothing
+    with pytest.raises(RuntimeError, match="time_step replays CUDA graphs; this engine runs on cpu"):
+        given.time_step([[101, 102]])
 
 
 def test_step_returns_a_finished_handle_on_cpu(engine: Engine, token_ids: list[list[int]]) -> None:
@@ -297,7 +297,7 @@ def _planning_engine(monkeypatch: pytest.MonkeyPatch, max_graphs: int, eager_hit
     """A padded CPU engine whose attention is FlashInferAttention over the stand-in wrapper, with graphs."""
     from core_engine import attention
     from core_engine.attention.flashinfer import FlashInferAttention
-    from core_engine.attention.select import AttentionShape
+    from core_engine.attention.base import AttentionShape
 
     log = PlanLog()
     fake = types.SimpleNamespace(BatchPrefillWithRaggedKVCacheWrapper=functools.partial(FakePrefillWrapper, log))
@@ -472,7 +472,7 @@ def test_a_graph_key_evicted_and_captured_again_runs_on_its_new_wrapper(engine: 
 ])
 def test_flashinfer_kernel_is_fa3_only_on_hopper_head_dims_it_compiles(monkeypatch, capability, head_dim, kernel):
     from core_engine.attention.flashinfer import default_kernel
-    from core_engine.attention.select import AttentionShape
+    from core_engine.attention.base import AttentionShape
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     assert default_kernel(torch.device("cuda", 0), AttentionShape(16, 16, head_dim)) == kernel

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from transformers import BertConfig, BertModel, Qwen3Config, Qwen3Model, XLMRobertaConfig, XLMRobertaModel
 
 from core_engine.attention import get_backend
-from core_engine.batch import pack
+from core_engine.batch import model_inputs, pack
 from core_engine.config import ModelSpec, load_spec
 from core_engine.loader import build_model
 
@@ -63,7 +63,7 @@ def random_sequences(seed: int, vocab: int, low: int = 3, count: int = 9) -> lis
 def fern_vectors(spec: ModelSpec, seqs: list[list[int]]) -> np.ndarray:
     model = build_model(spec, torch.device("cpu"), torch.float32, get_backend("cpu"))
     with torch.inference_mode():
-        return model(*pack(seqs, causal=spec.causal).model_inputs()).numpy()
+        return model(*model_inputs(*pack(seqs), spec.causal)).numpy()
 
 
 def reference_vectors(hf: torch.nn.Module, seqs: list[list[int]], pooling: str) -> np.ndarray:

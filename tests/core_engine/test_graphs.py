@@ -163,7 +163,7 @@ class _PlanOnlyWrapper:
 
 def test_flashinfer_release_keeps_eager_plans_and_waits_for_the_graph_wrappers_last_copy(monkeypatch) -> None:
     from core_engine.attention.flashinfer import FlashInferAttention
-    from core_engine.attention.select import AttentionShape
+    from core_engine.attention.base import AttentionShape
 
     monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(
         BatchPrefillWithRaggedKVCacheWrapper=_PlanOnlyWrapper))
@@ -268,3 +268,43 @@ def test_queries_prewarm_covers_every_single_text_up_to_512_tokens() -> None:
     warmed = {key_for([length] * count, b) for length, count in prewarm_shapes("queries", 512, b)}
     assert len(warmed) == 8
     assert {key_for([n], b) for n in range(1, 513)} == warmed
+
+
+def test_measured_choice_keeps_the_fastest_backend_per_shape_class() -> None:
+    """`choose` times every candidate per class through the timer it is given; a failing one is left out."""
+    from core_engine.attention.select import AttentionSelector
+
+    class Named:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    sel = AttentionSelector({"varlen": Named("varlen"), "flashinfer": Named("flashinfer")}, forced=None)
+    calls: list[tuple[str, int, int, bool]] = []
+    costs = {("small", "varlen"): 0.2, ("small", "flashinfer"): 0.3, ("large", "varlen"): 5.0,
+             ("large", "flashinfer"): 4.0}
+
+    def time_step(sequences, pipelined: bool) -> float:
+        cls = "large" if pipelined else "small"
+        calls.append((sel.choices[cls], len(sequences), len(sequences[0]), pipelined))
+        return costs[cls, sel.choices[cls]]
+
+    sel.choose(time_step, max_tokens=256, model="m")
+    assert sel.choices == {"small": "varlen", "large": "flashinfer"}
+    assert sel.measurements == {"small": {"varlen": 0.2, "flashinfer": 0.3},
+                                "large": {"varlen": 5.0, "flashinfer": 4.0}}
+    # A 128-token query serialized, then 8192 tokens of the model's longest sequences back to back.
+    assert calls == [("varlen", 1, 128, False), ("flashinfer", 1, 128, False),
+                     ("varlen", 32, 256, True), ("flashinfer", 32, 256, True)]
+
+    def flashinfer_fails(sequences, pipelined: bool) -> float:
+        if sel.choices["large" if pipelined else "small"] == "flashinfer":
+            raise RuntimeError("Invalid configuration")
+        return 1.0
+
+    sel.choose(flashinfer_fails, max_tokens=256, model="m")
+    assert sel.choices == {"small": "varlen", "large": "varlen"}
+    with pytest.raises(RuntimeError, match="no attention backend ran model 'm'"):
+        sel.choose(lambda sequences, pipelined: (_ for _ in ()).throw(RuntimeError("x")), max_tokens=256, model="m")
+    forced = AttentionSelector({"varlen": Named("varlen"), "flashinfer": Named("flashinfer")}, forced="flashinfer")
+    forced.choose(lambda sequences, pipelined: pytest.fail("a forced backend is not measured"), 256, "m")
+    assert forced.choices == {"small": "flashinfer", "large": "flashinfer"}

@@ -10,8 +10,9 @@ import torch
 from tokenizers import Tokenizer
 
 from core_engine.attention import get_backend
-from core_engine.batch import pack
+from core_engine.batch import model_inputs, pack
 from core_engine.config import ModelSpec, load_spec
+from core_engine.graphs import GraphKey
 from core_engine.loader import build_model, default_model_dir
 
 
@@ -48,10 +49,9 @@ def reference(varied_texts: list[str]) -> np.ndarray:
     return st.encode(varied_texts, batch_size=64, convert_to_numpy=True)
 
 
-def embed(model: torch.nn.Module, spec: ModelSpec, seqs: list[list[int]], **pad: int) -> np.ndarray:
-    batch = pack(seqs, causal=spec.causal, **pad)
+def embed(model: torch.nn.Module, spec: ModelSpec, seqs: list[list[int]], key: GraphKey | None = None) -> np.ndarray:
     with torch.inference_mode():
-        return model(*batch.model_inputs()).numpy()
+        return model(*model_inputs(*pack(seqs, key), spec.causal)).numpy()
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -112,7 +112,9 @@ def test_padded_slots_and_tokens_leave_vectors_alone(
     seqs = token_ids[:9]
     plain = embed(model, spec, seqs)
     total = sum(len(s) for s in seqs)
-    padded = embed(model, spec, seqs, num_tokens=total + 37, num_slots=16)
+    longest = max(max(len(s) for s in seqs), 37)
+    padded = embed(model, spec, seqs, GraphKey(tokens=total + 37, slots=16, max_seqlen=longest))
     assert padded.shape == (16, 384)
     np.testing.assert_allclose(padded[:9], plain, rtol=1e-4, atol=2e-5)
-    assert np.isfinite(padded).all() and not padded[9:].any()
+    # Empty slots pool to zeros; the last slot is the padding's own (discarded) sequence.
+    assert np.isfinite(padded).all() and not padded[9:15].any() and padded[15].any()

@@ -12,11 +12,13 @@ import torch
 
 from core_engine.attention import backend_names, get_backend
 from core_engine.attention.base import AttentionBackend, AttentionMetadata
-from core_engine.batch import pack
+from core_engine.batch import model_inputs, pack
 from core_engine.config import load_spec
+from core_engine.graphs import GraphKey
 from core_engine.loader import build_model, default_model_dir
 from core_engine.models import FAMILIES
 from core_engine.pooling import pool
+from core_engine.settings import KernelOptions
 
 
 def naive_attention(q, k, v, cu: list[int], causal: bool) -> torch.Tensor:
@@ -39,49 +41,48 @@ def naive_attention(q, k, v, cu: list[int], causal: bool) -> torch.Tensor:
 def test_cpu_attention_matches_naive_attention(causal: bool, kv_heads: int) -> None:
     g = torch.Generator().manual_seed(0)
     lens = [5, 0, 1, 17, 0, 9]
-    batch = pack([[1] * n for n in lens], causal=causal)
+    _, _, meta = model_inputs(*pack([[1] * n for n in lens]), causal)
     t = sum(lens)
     q = torch.randn(t, 4, 8, generator=g)
     k = torch.randn(t, kv_heads, 8, generator=g)
     v = torch.randn(t, kv_heads, 8, generator=g)
-    got = get_backend("cpu")(q, k, v, batch.meta)
-    want = naive_attention(q, k, v, batch.meta.cu_seqlens.tolist(), causal)
+    got = get_backend("cpu")(q, k, v, meta)
+    want = naive_attention(q, k, v, meta.cu_seqlens.tolist(), causal)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # Without the host copy of cu_seqlens the backend reads the device tensor instead.
-    batch.meta.cu_seqlens_cpu = None
-    torch.testing.assert_close(get_backend("cpu")(q, k, v, batch.meta), want, rtol=1e-5, atol=1e-5)
+    meta.cu_seqlens_cpu = None
+    torch.testing.assert_close(get_backend("cpu")(q, k, v, meta), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ["bert", "qwen3-causal"])
-def test_cls_and_last_token_models_run_the_last_layer_on_the_pooled_rows_only(tmp_path, monkeypatch,
-                                                                                arch: str) -> None:
+def test_cls_and_last_token_models_run_the_last_layer_on_the_pooled_rows_only(tmp_path, arch: str) -> None:
     """After the last attention, a CLS or last-token model carries one row per slot, not every token.
 
-    Same vectors as the full last layer (FERN_FULL_LAST_LAYER=1), on a batch padded the way
-    graphs pad it: empty slots in the middle and at the end, and bucket-padding rows, which
-    the clamped row of a trailing empty slot lands on.
+    Same vectors as the full last layer (KernelOptions(pool_early=False)), on a batch padded the way
+    graphs pad it: empty slots in the middle and before the last, and the bucket padding as
+    the last slot, whose first row a CLS model reads for the empty slot before it.
     """
     from benchmarks.models import build_random_model
 
     spec = load_spec(build_random_model(arch, tmp_path / arch, seed=0))
     assert spec.pooling in ("cls", "last")
-    batch = pack([list(range(100, 105)), [], list(range(200, 207)), [7]], causal=spec.causal,
-                 num_tokens=20, num_slots=6)
+    inputs = model_inputs(*pack([list(range(100, 105)), [], list(range(200, 207)), [7]], GraphKey(20, 6, 64)),
+                          spec.causal)
 
     def run(full: str) -> tuple[torch.Tensor, list[int]]:
-        monkeypatch.setenv("FERN_FULL_LAST_LAYER", full)
-        model = build_model(spec, "cpu", torch.float32, get_backend("cpu"))
+        kernels = KernelOptions.from_env({"FERN_FULL_LAST_LAYER": full})
+        model = build_model(spec, "cpu", torch.float32, get_backend("cpu"), kernels)
         rows: list[int] = []
         model.layers[-1].mlp.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))
         model.layers[0].mlp.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))
         with torch.inference_mode():
-            return model(*batch.model_inputs()), rows
+            return model(*inputs), rows
 
     early, early_rows = run("0")
     full, full_rows = run("1")
     assert early_rows == [20, 6] and full_rows == [20, 20]
     assert early.shape == (6, spec.config["hidden_size"]) and torch.isfinite(early).all()
-    assert not early[[1, 4, 5]].any()
+    assert not early[[1, 4]].any()  # the empty slots (the last is the padding's own)
     torch.testing.assert_close(early, full, rtol=1e-5, atol=1e-5)
 
 
@@ -92,13 +93,16 @@ def test_unknown_backend_names_the_choices() -> None:
 
 
 def test_pooling_with_empty_slots_and_nan_padding_rows() -> None:
-    lens = [0, 3, 0, 2]
-    batch = pack([[1] * n for n in lens], causal=False, num_tokens=8, num_slots=6)
+    # Slots of 0, 3, 0 and 2 tokens, two empty slots after them, and three rows of no slot
+    # (seq_ids = B) that may hold anything: the metadata contract, whoever packs the batch.
+    cu = torch.tensor([0, 0, 3, 3, 5, 5, 5], dtype=torch.int32)
+    meta = AttentionMetadata(cu_seqlens=cu, max_seqlen=8, seq_ids=torch.tensor([1, 1, 1, 3, 3, 6, 6, 6]),
+                             seq_lens=torch.tensor([0, 3, 0, 2, 0, 0]), causal=False, cu_seqlens_cpu=cu)
     hidden = torch.arange(8 * 2, dtype=torch.float32).view(8, 2)
-    hidden[5:] = float("nan")  # bucket padding rows may hold anything
-    mean = pool(hidden, batch.meta, "mean")
-    cls = pool(hidden, batch.meta, "cls")
-    last = pool(hidden, batch.meta, "last")
+    hidden[5:] = float("nan")
+    mean = pool(hidden, meta, "mean")
+    cls = pool(hidden, meta, "cls")
+    last = pool(hidden, meta, "last")
     for out in (mean, cls, last):
         assert out.shape == (6, 2) and out.dtype == torch.float32 and torch.isfinite(out).all()
         assert not out[[0, 2, 4, 5]].any()
@@ -107,7 +111,7 @@ def test_pooling_with_empty_slots_and_nan_padding_rows() -> None:
     torch.testing.assert_close(cls[[1, 3]], hidden[[0, 3]])
     torch.testing.assert_close(last[[1, 3]], hidden[[2, 4]])
     with pytest.raises(ValueError, match="pooling 'max'"):
-        pool(hidden, batch.meta, "max")
+        pool(hidden, meta, "max")
 
 
 class ShapeOnlyAttention:
@@ -135,8 +139,8 @@ def test_forward_never_reads_tensor_values_on_the_host(family: str) -> None:
     with torch.device("meta"):
         model = FAMILIES[family].module(spec, backend)
     model.to("meta")
-    batch = pack([[1, 2, 3], [], [4]], causal=spec.causal, num_tokens=8, num_slots=5, device="meta")
-    out = model(batch.input_ids, batch.positions, batch.meta)
+    buf, key = pack([[1, 2, 3], [], [4]], GraphKey(8, 5, 8))
+    out = model(*model_inputs(buf.to("meta"), key, spec.causal))
     assert out.device.type == "meta" and out.shape == (5, spec.dimensions if family == "bert" else 32)
     assert out.dtype == torch.float32
 
@@ -144,9 +148,8 @@ def test_forward_never_reads_tensor_values_on_the_host(family: str) -> None:
 def test_model_rejects_a_mismatched_causal_flag() -> None:
     spec = load_spec(default_model_dir())
     model = build_model(spec, "cpu", torch.float32, get_backend("cpu"))
-    batch = pack([[101, 102]], causal=True)
     with pytest.raises(ValueError, match="causal"):
-        model(*batch.model_inputs())
+        model(*model_inputs(*pack([[101, 102]]), True))
 
 
 def test_bfloat16_stays_close_to_float32() -> None:
@@ -157,21 +160,10 @@ def test_bfloat16_stays_close_to_float32() -> None:
         model = build_model(spec, "cpu", dtype, get_backend("cpu"))
         assert next(model.parameters()).dtype == dtype
         with torch.inference_mode():
-            out[dtype] = model(*pack(seqs, causal=False).model_inputs())
+            out[dtype] = model(*model_inputs(*pack(seqs), False))
     assert out[torch.bfloat16].dtype == torch.float32
     cos = torch.nn.functional.cosine_similarity(out[torch.float32], out[torch.bfloat16])
     assert cos.min() > 0.999
-
-
-def test_pack_lays_out_positions_and_padding() -> None:
-    b = pack([[7, 8, 9], [], [5, 6]], causal=False, num_tokens=7, num_slots=4, pad_token_id=0)
-    assert b.input_ids.tolist() == [7, 8, 9, 5, 6, 0, 0]
-    assert b.positions.tolist() == [0, 1, 2, 0, 1, 0, 0]
-    assert b.meta.seq_ids.tolist() == [0, 0, 0, 2, 2, 4, 4]
-    assert b.meta.cu_seqlens.tolist() == [0, 3, 3, 5, 5] and b.meta.cu_seqlens.dtype == torch.int32
-    assert b.meta.seq_lens.tolist() == [3, 0, 2, 0] and b.meta.max_seqlen == 3 and b.meta.num_seqs == 4
-    with pytest.raises(ValueError, match="num_tokens=4"):
-        pack([[1, 2, 3], [4, 5]], causal=False, num_tokens=4)
 
 
 # -- load_spec -----------------------------------------------------------------------------
@@ -348,7 +340,7 @@ def test_qk_norm_rope_op_on_cpu_is_the_torch_formula_under_compile():
 
 def test_flashinfer_workspace_grows_with_the_largest_step():
     from core_engine.attention.flashinfer import WORKSPACE_BYTES, workspace_bytes
-    from core_engine.attention.select import AttentionShape
+    from core_engine.attention.base import AttentionShape
 
     bge_m3 = AttentionShape(num_qo_heads=16, num_kv_heads=16, head_dim=64)
     assert workspace_bytes(bge_m3, 8192) == WORKSPACE_BYTES
@@ -356,11 +348,21 @@ def test_flashinfer_workspace_grows_with_the_largest_step():
     assert workspace_bytes(bge_m3, 65536) > 200_802_304
 
 
-def test_qk_norm_rope_kernel_can_be_switched_off(monkeypatch):
+def test_qk_norm_rope_kernel_can_be_switched_off(tmp_path, monkeypatch):
+    from benchmarks.models import build_random_model
     from core_engine.layers import qk_norm_rope as m
 
-    monkeypatch.setenv("FERN_TRITON_KERNELS", "0")
-    assert m._check(torch.device("cpu")) is False
+    spec = load_spec(build_random_model("qwen3-bidirectional", tmp_path / "qwen3", seed=0))
+    model = build_model(spec, "cpu", torch.float32, get_backend("cpu"),
+                        KernelOptions.from_env({"FERN_TRITON_KERNELS": "0"}))
+    assert all(layer.triton is False for layer in model.layers)
+    # Switched off, the op never asks whether the kernel works, even for CUDA-looking input.
+    monkeypatch.setattr(m, "_kernel_ok", lambda device: pytest.fail("kernel checked"))
+    qk, weight = torch.randn(3, 6, 8), torch.ones(6, 8)
+    angles = torch.rand(3, 1, 4)
+    q, k = m.qk_norm_rope(qk, weight, angles.cos(), angles.sin(), 1e-6, 4, False)
+    want = m.qk_norm_rope_reference(qk, weight, angles.cos(), angles.sin(), 1e-6)
+    torch.testing.assert_close(torch.cat([q, k], dim=1), want)
 
 
 def test_varlen_attention_calls_the_flash_op_directly_with_the_packed_metadata():
@@ -390,16 +392,16 @@ def test_varlen_attention_calls_the_flash_op_directly_with_the_packed_metadata()
         assert args[3] is cu and args[4] is cu and args[5:] == (64, 64, 0.0, causal, False)
 
 
-def _qwen3_compiled_code(tmp_path: Path, monkeypatch, addmm_residual: str) -> str:
+def _qwen3_compiled_code(tmp_path: Path, addmm_residual: str) -> str:
     """Inductor's generated code for a two-layer random Qwen3 model (CPU attention), dynamic shapes."""
     from torch._inductor.utils import run_and_get_code
 
     from benchmarks.models import build_random_model
 
-    monkeypatch.setenv("FERN_ADDMM_RESIDUAL", addmm_residual)
     spec = load_spec(build_random_model("qwen3-bidirectional", tmp_path / "qwen3", seed=0))
-    model = build_model(spec, "cpu", torch.float32, get_backend("cpu"))
-    args = pack([list(range(100, 105)), list(range(200, 207))], causal=False).model_inputs()
+    model = build_model(spec, "cpu", torch.float32, get_backend("cpu"),
+                        KernelOptions.from_env({"FERN_ADDMM_RESIDUAL": addmm_residual}))
+    args = model_inputs(*pack([list(range(100, 105)), list(range(200, 207))]), False)
     torch._dynamo.reset()
     with torch.inference_mode():
         want = model(*args)
@@ -409,16 +411,16 @@ def _qwen3_compiled_code(tmp_path: Path, monkeypatch, addmm_residual: str) -> st
     return "\n".join(code)
 
 
-def test_qwen3_residual_adds_fuse_into_the_norms_not_the_matmuls(tmp_path, monkeypatch) -> None:
+def test_qwen3_residual_adds_fuse_into_the_norms_not_the_matmuls(tmp_path) -> None:
     """Each residual add is fused into the RMSNorm that reads the sum: no addmm, no kernel of its own.
 
     Left alone, torch.compile folds x + out(a) into addmm(x, a, W^T), which on CUDA copies x
     before the matmul (two device-to-device copies per layer); and an add at the end of a
     layer is a kernel of its own, as attention ends each compiled region there. The check
-    reads what torch.compile generates; with FERN_ADDMM_RESIDUAL=1 (the folded form) it sees
+    reads what torch.compile generates; with opaque_residual=False (the folded form) it sees
     addmm, so it would see a regression.
     """
-    code = _qwen3_compiled_code(tmp_path / "a", monkeypatch, "0")
+    code = _qwen3_compiled_code(tmp_path / "a", "0")
     assert "addmm" not in code
     assert not re.findall(r"\w*_fused_add_\d+\b", code)  # an add alone in a kernel
-    assert "addmm" in _qwen3_compiled_code(tmp_path / "b", monkeypatch, "1")
+    assert "addmm" in _qwen3_compiled_code(tmp_path / "b", "1")
