@@ -9,7 +9,7 @@ then HTTP.
 
     python -m benchmarks.http_latency --device cpu --iters 100 --out benchmarks/results/cpu/http.json
     python -m benchmarks.http_latency --device cuda --model /models/bge-m3 --tokens 128 --iters 2000 \\
-        --out benchmarks/results/http-h200.json
+        --out benchmarks/results/h200/http.json
 """
 
 from __future__ import annotations

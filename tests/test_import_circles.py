@@ -18,8 +18,6 @@ _SPEC.loader.exec_module(check_imports)
 KNOWN = [
     # install() regenerates the vectorizers' triggers; create_vectorizer() installs the schema.
     ["adapters.postgres.installer", "adapters.postgres.vectorizer"],
-    # `fern demo` lives in sidecar.demo and takes the CLI's extras table from sidecar.cli.
-    ["sidecar.cli", "sidecar.demo"],
 ]
 
 

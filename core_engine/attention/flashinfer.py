@@ -26,9 +26,9 @@ def workspace_bytes(shape: AttentionShape, max_tokens: int) -> int:
 def default_kernel(device: torch.device, shape: AttentionShape) -> str:
     """FlashInfer's kernel family: fa3 on Hopper where it compiles (head_dim 64, 128, 256), else fa2.
 
-    On the H200, with its host plan overlapping the previous step, fa3 on strided Q/K/V gave
-    +4-5 % on 512-token steps over varlen, where fa2 lost to varlen (profile-h200-fa3.json);
-    the engine still picks the backend per shape by measurement (batch 1 stays on varlen).
+    On Hopper, with its host plan overlapping the previous step, fa3 on strided Q/K/V beats
+    varlen on mid-sized steps where fa2 does not; the engine still picks the backend per shape
+    by measurement.
     """
     hopper = torch.device(device).type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
     return "fa3" if hopper and shape.head_dim in (64, 128, 256) else "fa2"

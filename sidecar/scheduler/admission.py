@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from itertools import accumulate
 from typing import Sequence
 
@@ -18,21 +17,11 @@ import numpy as np
 
 from sidecar.lanes import Lane, Request
 from sidecar.scheduler.errors import DeadlineExceeded, Draining, QueueFull, deadline_passed
-from sidecar.scheduler.state import SchedulerState
+from sidecar.scheduler.state import SchedulerState, Waiter
 
 # A caller's cancel that lands this close to its request's deadline is counted as the deadline:
 # the expiry timer and gRPC's own deadline cancel race on the loop, and either may run first.
 DEADLINE_SLACK_S = 0.005
-
-
-@dataclass(eq=False)
-class Waiter:
-    """An asyncio task waiting for room in a lane; `request` is set when it waits to be admitted."""
-
-    lane: Lane
-    tokens: int
-    future: asyncio.Future
-    request: Request | None = None
 
 
 class Admission(SchedulerState):

@@ -5,15 +5,23 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 from sidecar.lanes import Lane, LaneQueue, Request
 from sidecar.scheduler.config import SchedulerConfig
 from sidecar.scheduler.stats import LaneCounters
 from sidecar.scheduler.worker import EngineLike, Worker
 
-if TYPE_CHECKING:
-    from sidecar.scheduler.admission import Waiter
+
+@dataclass(eq=False)
+class Waiter:
+    """An asyncio task waiting for room in a lane; `request` is set when it waits to be admitted."""
+
+    lane: Lane
+    tokens: int
+    future: asyncio.Future
+    request: Request | None = None
 
 
 class SchedulerState:
