@@ -20,6 +20,7 @@ import grpc.aio
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sidecar import encodings
 from sidecar.balancing import channel_options, channel_target
 from sidecar.errors import INPUT_INDEX_KEY
 from sidecar.security import ClientTls
@@ -48,14 +49,6 @@ _CHANNEL_OPTIONS = (
 DEFAULT_MAX_IN_FLIGHT = 512
 
 _LANES = {"online": pb.LANE_ONLINE, "batch": pb.LANE_BATCH}
-_ENCODINGS = {
-    "float32": pb.ENCODING_FLOAT32,
-    "float16": pb.ENCODING_FLOAT16,
-    "int8": pb.ENCODING_INT8,
-    "binary": pb.ENCODING_BINARY,
-}
-_ENCODING_NAMES = {v: k for k, v in _ENCODINGS.items()}
-_DTYPES = {"float32": "<f4", "float16": "<f2", "int8": "i1", "binary": "u1"}
 _STATUS_BY_NUMBER = {status.value[0]: status for status in grpc.StatusCode}
 
 
@@ -208,8 +201,8 @@ class EmbedOptions:
         """These options as a request with no inputs: checked and built once, merged into each request."""
         if self.lane not in _LANES:
             raise InvalidRequest(f"lane must be one of {sorted(_LANES)}, got {self.lane!r}")
-        if self.encoding not in _ENCODINGS:
-            raise InvalidRequest(f"encoding must be one of {sorted(_ENCODINGS)}, got {self.encoding!r}")
+        if self.encoding not in encodings.BY_NAME:
+            raise InvalidRequest(f"encoding must be one of {sorted(encodings.NAMES)}, got {self.encoding!r}")
         # The sidecar checks it against the model; here only what the wire (uint32) cannot carry.
         _check_uint32("dimensions", self.dimensions)
         req = pb.EmbedRequest(
@@ -218,7 +211,7 @@ class EmbedOptions:
             prompt_name=self.prompt or "",
             truncation=pb.TRUNCATION_END if self.truncate else pb.TRUNCATION_ERROR,
             dimensions=self.dimensions,
-            encoding=_ENCODINGS[self.encoding],
+            encoding=encodings.BY_NAME[self.encoding].wire,
             return_sparse=self.sparse,
         )
         if self.normalize is not None:
@@ -245,9 +238,9 @@ def _array(repeated, dtype: type) -> np.ndarray:
 
 def decode_response(resp: pb.EmbedResponse) -> Embeddings:
     """Turns an EmbedResponse into numpy arrays without one Python object per value."""
-    encoding = _ENCODING_NAMES[resp.encoding]
-    cols = (resp.dimensions + 7) // 8 if encoding == "binary" else resp.dimensions
-    vectors = np.frombuffer(resp.vectors, dtype=_DTYPES[encoding]).reshape(resp.count, cols)
+    encoding = encodings.BY_WIRE[resp.encoding]
+    cols = encoding.columns(resp.dimensions)
+    vectors = np.frombuffer(resp.vectors, dtype=encoding.dtype).reshape(resp.count, cols)
     sparse = None
     if len(resp.sparse):
         sparse = [SparseVector(_array(s.indices, np.uint32), _array(s.values, np.float32))
@@ -255,7 +248,7 @@ def decode_response(resp: pb.EmbedResponse) -> Embeddings:
     return Embeddings(
         vectors=vectors,
         dimensions=resp.dimensions,
-        encoding=encoding,
+        encoding=encoding.name,
         token_counts=_array(resp.token_counts, np.int64),
         model=resp.model,
         request_id=resp.request_id,
