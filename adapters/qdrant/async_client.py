@@ -26,6 +26,8 @@ from sidecar.client import AsyncFernClient, FernClient
 class AsyncFernQdrantClient(FernQdrantMixin, AsyncQdrantClient):
     """AsyncQdrantClient plus Fern: same constructor arguments, plus `fern` (an AsyncFernClient or target)."""
 
+    _fern_class = AsyncFernClient
+
     def __init__(self, *args: Any, fern: AsyncFernClient | str | None = None,
                  fern_models: Mapping[str, str] | None = None, fern_prefix: str = FERN_PREFIX,
                  **kwargs: Any):
@@ -33,8 +35,6 @@ class AsyncFernQdrantClient(FernQdrantMixin, AsyncQdrantClient):
         self.fern: AsyncFernClient
         self._init_fern(fern, fern_models, fern_prefix)
         self._blocking_fern: FernClient | None = None
-
-    _fern_class = AsyncFernClient
 
     def _reconnect(self, connection: FernConnection) -> AsyncFernClient:
         return connection.asyncio()

@@ -103,6 +103,8 @@ class FernQdrantClient(FernQdrantMixin, QdrantClient):
     ``fern/<name>`` prefix), e.g. ``{"sentence-transformers/all-MiniLM-L6-v2": "all-MiniLM-L6-v2"}``.
     """
 
+    _fern_class = FernClient
+
     def __init__(self, *args: Any, fern: FernClient | str | None = None,
                  fern_models: Mapping[str, str] | None = None, fern_prefix: str = FERN_PREFIX,
                  **kwargs: Any):
@@ -110,8 +112,6 @@ class FernQdrantClient(FernQdrantMixin, QdrantClient):
         self.fern: FernClient
         self._init_fern(fern, fern_models, fern_prefix)
         self._model_info: dict[str, ModelInfo] = {}
-
-    _fern_class = FernClient
 
     def _reconnect(self, connection: FernConnection) -> FernClient:
         return connection.blocking()
