@@ -2,6 +2,10 @@
 
 It imports only grpc, protobuf and numpy, so adapters and their workers install and run on a
 database host without torch.
+
+FernClient and AsyncFernClient are thin twins over one core (_ClientCore and the module's
+functions: requests, decoding, errors) rather than one generated from the other: grpc and
+grpc.aio already give both call styles over the same stubs, so only the calls differ.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import grpc.aio
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sidecar import encodings
 from sidecar.balancing import channel_options, channel_target
 from sidecar.errors import INPUT_INDEX_KEY
 from sidecar.security import ClientTls
@@ -48,14 +53,6 @@ _CHANNEL_OPTIONS = (
 DEFAULT_MAX_IN_FLIGHT = 512
 
 _LANES = {"online": pb.LANE_ONLINE, "batch": pb.LANE_BATCH}
-_ENCODINGS = {
-    "float32": pb.ENCODING_FLOAT32,
-    "float16": pb.ENCODING_FLOAT16,
-    "int8": pb.ENCODING_INT8,
-    "binary": pb.ENCODING_BINARY,
-}
-_ENCODING_NAMES = {v: k for k, v in _ENCODINGS.items()}
-_DTYPES = {"float32": "<f4", "float16": "<f2", "int8": "i1", "binary": "u1"}
 _STATUS_BY_NUMBER = {status.value[0]: status for status in grpc.StatusCode}
 
 
@@ -208,8 +205,8 @@ class EmbedOptions:
         """These options as a request with no inputs: checked and built once, merged into each request."""
         if self.lane not in _LANES:
             raise InvalidRequest(f"lane must be one of {sorted(_LANES)}, got {self.lane!r}")
-        if self.encoding not in _ENCODINGS:
-            raise InvalidRequest(f"encoding must be one of {sorted(_ENCODINGS)}, got {self.encoding!r}")
+        if self.encoding not in encodings.BY_NAME:
+            raise InvalidRequest(f"encoding must be one of {sorted(encodings.NAMES)}, got {self.encoding!r}")
         # The sidecar checks it against the model; here only what the wire (uint32) cannot carry.
         _check_uint32("dimensions", self.dimensions)
         req = pb.EmbedRequest(
@@ -218,7 +215,7 @@ class EmbedOptions:
             prompt_name=self.prompt or "",
             truncation=pb.TRUNCATION_END if self.truncate else pb.TRUNCATION_ERROR,
             dimensions=self.dimensions,
-            encoding=_ENCODINGS[self.encoding],
+            encoding=encodings.BY_NAME[self.encoding].wire,
             return_sparse=self.sparse,
         )
         if self.normalize is not None:
@@ -245,9 +242,9 @@ def _array(repeated, dtype: type) -> np.ndarray:
 
 def decode_response(resp: pb.EmbedResponse) -> Embeddings:
     """Turns an EmbedResponse into numpy arrays without one Python object per value."""
-    encoding = _ENCODING_NAMES[resp.encoding]
-    cols = (resp.dimensions + 7) // 8 if encoding == "binary" else resp.dimensions
-    vectors = np.frombuffer(resp.vectors, dtype=_DTYPES[encoding]).reshape(resp.count, cols)
+    encoding = encodings.BY_WIRE[resp.encoding]
+    cols = encoding.columns(resp.dimensions)
+    vectors = np.frombuffer(resp.vectors, dtype=encoding.dtype).reshape(resp.count, cols)
     sparse = None
     if len(resp.sparse):
         sparse = [SparseVector(_array(s.indices, np.uint32), _array(s.values, np.float32))
@@ -255,7 +252,7 @@ def decode_response(resp: pb.EmbedResponse) -> Embeddings:
     return Embeddings(
         vectors=vectors,
         dimensions=resp.dimensions,
-        encoding=encoding,
+        encoding=encoding.name,
         token_counts=_array(resp.token_counts, np.int64),
         model=resp.model,
         request_id=resp.request_id,
@@ -358,7 +355,80 @@ def _make_channel(module, target: str, tls: ClientTls | None):
     return module.secure_channel(target, tls.grpc_credentials(), options=options + tls.grpc_options())
 
 
-class FernClient:
+class _RaiseFernError:
+    """A context manager that re-raises a grpc.RpcError as the FernError it means (status, message, index).
+
+    A class rather than contextlib.contextmanager: it is entered on every call, and this costs less.
+    """
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None and issubclass(exc_type, grpc.RpcError):
+            raise FernError.from_rpc_error(exc) from None
+        return False
+
+
+_RPC_ERRORS = _RaiseFernError()
+
+
+class _ClientCore:
+    """What FernClient and AsyncFernClient share: the connection, the calls' arguments and errors.
+
+    The twins add only the calls themselves (blocking or awaited) and their in-flight bound
+    (a thread or an asyncio semaphore), so they cannot drift apart in what they send or raise.
+    """
+
+    max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT
+
+    def _connect(self, module, target: str | None, token: str | None, timeout: float | None,
+                 channel, tls_args: tuple) -> None:
+        """Opens the channel (of `module`, grpc or grpc.aio, unless `channel` is given) and its stubs."""
+        self.target = target or os.environ.get("FERN_TARGET", DEFAULT_TARGET)
+        self._channel = channel or _make_channel(module, self.target, client_tls(*tls_args))
+        self._stub = pb_grpc.EmbedderStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._metadata = _auth_metadata(token if token is not None else os.environ.get("FERN_TOKEN"))
+        self.timeout = timeout
+
+    def _open_stream(self, requests, timeout: float | None):
+        """The EmbedStream call over `requests` (an iterator, or an async one on grpc.aio)."""
+        return self._stub.EmbedStream(requests, metadata=self._metadata, timeout=timeout or self.timeout)
+
+    def _list_models_call(self, timeout: float | None):
+        """The ListModels call: its response, or on grpc.aio the awaitable of it."""
+        return self._stub.ListModels(pb.ListModelsRequest(), metadata=self._metadata,
+                                     timeout=timeout or self.timeout)
+
+    def _health_call(self, timeout: float):
+        return self._health.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+
+    def _embed_call(self, request: pb.EmbedRequest, timeout: float | None):
+        return self._stub.Embed(request, metadata=self._metadata, timeout=timeout)
+
+    def _no_slot(self) -> FernError:
+        return FernError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                         f"the deadline passed while waiting for one of this client's "
+                         f"{self.max_in_flight} call slots (max_in_flight)")
+
+
+def _stream_options(options: dict) -> EmbedOptions:
+    """A stream's options: the BATCH lane unless told otherwise."""
+    options.setdefault("lane", "batch")
+    return EmbedOptions(**options)
+
+
+def _serving(resp: health_pb2.HealthCheckResponse) -> bool:
+    return resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _remaining(timeout: float | None, started: float) -> float | None:
+    """What is left of `timeout` after waiting since `started` for a call slot."""
+    return None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+
+
+class FernClient(_ClientCore):
     """Blocking client. `FernClient()` talks to $FERN_TARGET or 127.0.0.1:50051.
 
     TLS: `tls_ca` (the CA that signed the sidecar's certificate; `tls=True` alone trusts
@@ -371,7 +441,6 @@ class FernClient:
     (DEFAULT_MAX_IN_FLIGHT; None: no bound), the others wait their turn in the client.
     """
 
-    max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT
     _slots: threading.BoundedSemaphore | None = None
     _slots_lock = threading.Lock()
 
@@ -390,13 +459,8 @@ class FernClient:
                  tls_client_cert: str | os.PathLike | None = None,
                  tls_client_key: str | os.PathLike | None = None,
                  tls_server_name: str | None = None):
-        self.target = target or os.environ.get("FERN_TARGET", DEFAULT_TARGET)
-        self._channel = channel or _make_channel(
-            grpc, self.target, client_tls(tls, tls_ca, tls_client_cert, tls_client_key, tls_server_name))
-        self._stub = pb_grpc.EmbedderStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
-        self._metadata = _auth_metadata(token if token is not None else os.environ.get("FERN_TOKEN"))
-        self.timeout = timeout
+        self._connect(grpc, target, token, timeout, channel,
+                      (tls, tls_ca, tls_client_cert, tls_client_key, tls_server_name))
 
     def embed(self, texts: Sequence[str], *, timeout: float | None = None, **options) -> Embeddings:
         """Embeds texts; options are EmbedOptions' fields (model, lane, prompt, normalize, ...)."""
@@ -415,40 +479,30 @@ class FernClient:
         ready EmbedRequests. gRPC pulls the next item only when the server has read the
         previous ones, so memory stays bounded on both sides. Results may come out of order.
         """
-        options.setdefault("lane", "batch")
-        opts = EmbedOptions(**options)
-        call = self._stub.EmbedStream(_stream_items(items, opts), metadata=self._metadata,
-                                      timeout=timeout or self.timeout)
+        call = self._open_stream(_stream_items(items, _stream_options(options)), timeout)
         try:
-            for resp in call:
-                yield _stream_result(resp)
-        except grpc.RpcError as err:
-            raise FernError.from_rpc_error(err) from None
+            with _RPC_ERRORS:
+                for resp in call:
+                    yield _stream_result(resp)
         finally:
             call.cancel()
 
     def list_models(self, *, timeout: float | None = None) -> list[ModelInfo]:
         """The served models, the default one first."""
-        return _ordered_models(self._list_models(timeout))
+        with _RPC_ERRORS:
+            return _ordered_models(self._list_models_call(timeout))
 
     def model(self, name: str = "", *, timeout: float | None = None) -> ModelInfo:
         """The ModelInfo of `name`, or of the default model when `name` is empty."""
-        return _pick_model(self._list_models(timeout), name)
-
-    def _list_models(self, timeout: float | None) -> pb.ListModelsResponse:
-        try:
-            return self._stub.ListModels(pb.ListModelsRequest(), metadata=self._metadata,
-                                         timeout=timeout or self.timeout)
-        except grpc.RpcError as err:
-            raise FernError.from_rpc_error(err) from None
+        with _RPC_ERRORS:
+            return _pick_model(self._list_models_call(timeout), name)
 
     def health(self, *, timeout: float = 5.0) -> bool:
         """True when the sidecar reports SERVING."""
         try:
-            resp = self._health.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+            return _serving(self._health_call(timeout))
         except grpc.RpcError:
             return False
-        return resp.status == health_pb2.HealthCheckResponse.SERVING
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Blocks until the sidecar is SERVING; raises FernError(UNAVAILABLE) after `timeout`."""
@@ -470,15 +524,11 @@ class FernClient:
         if slots is not None:
             started = time.monotonic()
             if not slots.acquire(timeout=-1 if timeout is None else timeout):
-                raise FernError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                f"the deadline passed while waiting for one of this client's "
-                                f"{self.max_in_flight} call slots (max_in_flight)")
-            if timeout is not None:
-                timeout = max(0.0, timeout - (time.monotonic() - started))
+                raise self._no_slot()
+            timeout = _remaining(timeout, started)
         try:
-            resp = self._stub.Embed(request, metadata=self._metadata, timeout=timeout)
-        except grpc.RpcError as err:
-            raise FernError.from_rpc_error(err) from None
+            with _RPC_ERRORS:
+                resp = self._embed_call(request, timeout)
         finally:
             if slots is not None:
                 slots.release()
@@ -494,11 +544,10 @@ class FernClient:
         self.close()
 
 
-class AsyncFernClient:
+class AsyncFernClient(_ClientCore):
     """asyncio client with the same methods as FernClient, awaited; at most `max_in_flight`
     unary calls in flight at once (DEFAULT_MAX_IN_FLIGHT; None: no bound)."""
 
-    max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT
     _slots: asyncio.Semaphore | None = None
 
     def __init__(self, target: str | None = None, *, token: str | None = None,
@@ -507,13 +556,8 @@ class AsyncFernClient:
                  tls_client_cert: str | os.PathLike | None = None,
                  tls_client_key: str | os.PathLike | None = None,
                  tls_server_name: str | None = None):
-        self.target = target or os.environ.get("FERN_TARGET", DEFAULT_TARGET)
-        self._channel = _make_channel(
-            grpc.aio, self.target, client_tls(tls, tls_ca, tls_client_cert, tls_client_key, tls_server_name))
-        self._stub = pb_grpc.EmbedderStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
-        self._metadata = _auth_metadata(token if token is not None else os.environ.get("FERN_TOKEN"))
-        self.timeout = timeout
+        self._connect(grpc.aio, target, token, timeout, None,
+                      (tls, tls_ca, tls_client_cert, tls_client_key, tls_server_name))
 
     async def embed(self, texts: Sequence[str], *, timeout: float | None = None,
                     **options) -> Embeddings:
@@ -526,8 +570,7 @@ class AsyncFernClient:
     async def embed_stream(self, items: Iterable | AsyncIterable, *,
                            timeout: float | None = None, **options) -> AsyncIterator[StreamResult]:
         """Async twin of FernClient.embed_stream; `items` may be a sync or async iterable."""
-        options.setdefault("lane", "batch")
-        opts = EmbedOptions(**options)
+        opts = _stream_options(options)
 
         async def requests() -> AsyncIterator[pb.EmbedRequest]:
             if hasattr(items, "__aiter__"):
@@ -539,35 +582,27 @@ class AsyncFernClient:
                 for req in _stream_items(items, opts):
                     yield req
 
-        call = self._stub.EmbedStream(requests(), metadata=self._metadata,
-                                      timeout=timeout or self.timeout)
+        call = self._open_stream(requests(), timeout)
         try:
-            async for resp in call:
-                yield _stream_result(resp)
-        except grpc.RpcError as err:
-            raise FernError.from_rpc_error(err) from None
+            with _RPC_ERRORS:
+                async for resp in call:
+                    yield _stream_result(resp)
         finally:
             call.cancel()
 
     async def list_models(self, *, timeout: float | None = None) -> list[ModelInfo]:
-        return _ordered_models(await self._list_models(timeout))
+        with _RPC_ERRORS:
+            return _ordered_models(await self._list_models_call(timeout))
 
     async def model(self, name: str = "", *, timeout: float | None = None) -> ModelInfo:
-        return _pick_model(await self._list_models(timeout), name)
-
-    async def _list_models(self, timeout: float | None) -> pb.ListModelsResponse:
-        try:
-            return await self._stub.ListModels(pb.ListModelsRequest(), metadata=self._metadata,
-                                               timeout=timeout or self.timeout)
-        except grpc.RpcError as err:
-            raise FernError.from_rpc_error(err) from None
+        with _RPC_ERRORS:
+            return _pick_model(await self._list_models_call(timeout), name)
 
     async def health(self, *, timeout: float = 5.0) -> bool:
         try:
-            resp = await self._health.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+            return _serving(await self._health_call(timeout))
         except grpc.RpcError:
             return False
-        return resp.status == health_pb2.HealthCheckResponse.SERVING
 
     async def _call(self, request: pb.EmbedRequest, timeout: float | None) -> Embeddings:
         timeout = timeout or self.timeout
@@ -579,21 +614,15 @@ class AsyncFernClient:
         try:
             await asyncio.wait_for(self._slots.acquire(), timeout)
         except TimeoutError:
-            raise FernError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                            f"the deadline passed while waiting for one of this client's "
-                            f"{self.max_in_flight} call slots (max_in_flight)") from None
+            raise self._no_slot() from None
         try:
-            if timeout is not None:
-                timeout = max(0.0, timeout - (time.monotonic() - started))
-            return await self._send(request, timeout)
+            return await self._send(request, _remaining(timeout, started))
         finally:
             self._slots.release()
 
     async def _send(self, request: pb.EmbedRequest, timeout: float | None) -> Embeddings:
-        try:
-            resp = await self._stub.Embed(request, metadata=self._metadata, timeout=timeout)
-        except grpc.RpcError as err:
-            raise FernError.from_rpc_error(err) from None
+        with _RPC_ERRORS:
+            resp = await self._embed_call(request, timeout)
         return decode_response(resp)
 
     async def close(self) -> None:

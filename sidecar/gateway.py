@@ -24,13 +24,14 @@ import numpy as np
 
 from core_engine.config import ModelSpec
 from core_engine.postprocess import finalize
+from sidecar import encodings
 from sidecar.errors import EmbedError, deadline_exceeded, invalid_argument, resource_exhausted, unavailable
 from sidecar.registry import Registry, ServedModel
 from sidecar.scheduler import DeadlineExceeded, Draining, Lane, QueueFull
 from sidecar.sparse import sparse_vector
 from sidecar.tokenize import TextTokenizer
 
-ENCODINGS = ("float32", "float16", "int8", "binary")
+ENCODINGS = encodings.NAMES
 # Inputs one request may carry; bigger jobs belong on EmbedStream (bounded memory both sides).
 MAX_INPUTS = 8192
 # Inputs per scheduler chunk.

@@ -29,7 +29,7 @@ from google.protobuf.message import DecodeError
 from grpc_reflection.v1alpha import reflection
 
 from core_engine.config import ModelSpec
-from sidecar import balancing
+from sidecar import balancing, encodings
 from sidecar.errors import INPUT_INDEX_KEY, EmbedError, invalid_argument, unavailable
 from sidecar.gateway import LOOP_ROWS, EmbedParams, EmbedResult, Gateway
 from sidecar.registry import Registry
@@ -69,11 +69,7 @@ ADMISSION_OPTIONS = [("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
                      ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
                      ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION)]
 
-_ENCODINGS = {pb.ENCODING_FLOAT32: "float32", pb.ENCODING_FLOAT16: "float16",
-              pb.ENCODING_INT8: "int8", pb.ENCODING_BINARY: "binary"}
-_ENCODING_NUMBERS = {name: number for number, name in _ENCODINGS.items()}
 _TRUNCATIONS = {pb.TRUNCATION_END: True, pb.TRUNCATION_ERROR: False}
-_LITTLE = {"float32": "<f4", "float16": "<f2", "int8": "i1", "binary": "u1"}
 _LANES = {lane.value: lane for lane in Lane}
 
 
@@ -196,7 +192,7 @@ def params_from_request(request: pb.EmbedRequest, deadline: float | None) -> Emb
     lane = _LANES.get(request.lane)
     if lane is None:
         raise invalid_argument(f"lane: unknown value {request.lane}")
-    encoding = _ENCODINGS.get(request.encoding)
+    encoding = encodings.BY_WIRE.get(request.encoding)
     if encoding is None:
         raise invalid_argument(f"encoding: unknown value {request.encoding}")
     truncate = _TRUNCATIONS.get(request.truncation)
@@ -211,7 +207,7 @@ def params_from_request(request: pb.EmbedRequest, deadline: float | None) -> Emb
         normalize=request.normalize if request.HasField("normalize") else None,
         truncate=truncate,
         dimensions=request.dimensions,
-        encoding=encoding,
+        encoding=encoding.name,
         return_sparse=request.return_sparse,
         deadline=deadline,
     )
@@ -219,13 +215,14 @@ def params_from_request(request: pb.EmbedRequest, deadline: float | None) -> Emb
 
 def response_from_result(request_id: str, result: EmbedResult) -> pb.EmbedResponse:
     """One packed little-endian buffer for all rows; sparse vectors as repeated fields."""
-    vectors = np.ascontiguousarray(result.vectors, dtype=_LITTLE[result.encoding])
+    encoding = encodings.BY_NAME[result.encoding]
+    vectors = np.ascontiguousarray(result.vectors, dtype=encoding.dtype)
     response = pb.EmbedResponse(
         request_id=request_id,
         model=result.model,
         count=vectors.shape[0],
         dimensions=result.dimensions,
-        encoding=_ENCODING_NUMBERS[result.encoding],
+        encoding=encoding.wire,
         vectors=vectors.tobytes(),
         token_counts=result.token_counts,
     )

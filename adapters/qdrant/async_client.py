@@ -5,48 +5,44 @@ lanes and one-call-per-API-call rule. Bulk `ingest` and `setup_collection` stay 
 the blocking FernQdrantClient (ingest runs its own gRPC stream thread); `search` is here.
 `upload_points` and `upload_collection` are plain (blocking) methods, as they are on
 AsyncQdrantClient, so they embed through a blocking FernClient on the same connection.
+What the twins share (the Fern client, pickling, uploads, layouts) is FernQdrantMixin.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from qdrant_client import AsyncQdrantClient, models
 
-from adapters.qdrant.client import QUERY_LANE, WRITE_LANE, with_fern_parameters
+from adapters.qdrant.client import QUERY_LANE, WRITE_LANE, FernQdrantMixin, with_fern_parameters
 from adapters.qdrant.collection import CollectionLayout, layout_from_config
 from adapters.qdrant.connection import FernConnection
 from adapters.qdrant.search import check_search, query_arguments, query_prompt
-from adapters.qdrant.documents import FERN_PREFIX, DocumentEmbedder, FernModels
-from adapters.qdrant.uploads import embedded
+from adapters.qdrant.documents import FERN_PREFIX
 from sidecar.client import AsyncFernClient, FernClient
 
 
-class AsyncFernQdrantClient(AsyncQdrantClient):
+class AsyncFernQdrantClient(FernQdrantMixin, AsyncQdrantClient):
     """AsyncQdrantClient plus Fern: same constructor arguments, plus `fern` (an AsyncFernClient or target)."""
+
+    _fern_class = AsyncFernClient
 
     def __init__(self, *args: Any, fern: AsyncFernClient | str | None = None,
                  fern_models: Mapping[str, str] | None = None, fern_prefix: str = FERN_PREFIX,
                  **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._owns_fern = fern is None or isinstance(fern, str)
-        self.fern: AsyncFernClient = AsyncFernClient(fern) if self._owns_fern else fern
-        self.documents = DocumentEmbedder(FernModels(fern_prefix, dict(fern_models or {})))
+        self.fern: AsyncFernClient
+        self._init_fern(fern, fern_models, fern_prefix)
         self._blocking_fern: FernClient | None = None
 
+    def _reconnect(self, connection: FernConnection) -> AsyncFernClient:
+        return connection.asyncio()
+
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["fern"] = FernConnection.of(self.fern)
+        state = super().__getstate__()
         state["_blocking_fern"] = None
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        connection: FernConnection = state.pop("fern")
-        self.__dict__.update(state)
-        self.fern = connection.asyncio()
-        self._owns_fern = True
 
     async def upsert(self, collection_name: str, points: Any, *args: Any,
                      **kwargs: Any) -> models.UpdateResult:
@@ -65,20 +61,6 @@ class AsyncFernQdrantClient(AsyncQdrantClient):
                                                              WRITE_LANE)
         return await super().batch_update_points(collection_name, update_operations, *args,
                                                  **kwargs)
-
-    def upload_points(self, collection_name: str, points: Iterable[models.PointStruct],
-                      batch_size: int = 64, *args: Any, **kwargs: Any) -> None:
-        """AsyncQdrantClient.upload_points (a blocking call there too), Fern Documents embedded per batch."""
-        points = embedded(points, self._write_embedder(), batch_size)
-        return super().upload_points(collection_name, points, batch_size, *args, **kwargs)
-
-    def upload_collection(self, collection_name: str, vectors: Any, payload: Any = None,
-                          ids: Any = None, batch_size: int = 64, *args: Any,
-                          **kwargs: Any) -> None:
-        """AsyncQdrantClient.upload_collection (blocking there too), Fern Documents embedded per batch."""
-        vectors = embedded(vectors, self._write_embedder(), batch_size)
-        return super().upload_collection(collection_name, vectors, payload, ids, batch_size,
-                                         *args, **kwargs)
 
     def _write_embedder(self) -> Callable[[list[Any]], list[Any]]:
         def embed(chunk: list[Any]) -> list[Any]:
@@ -130,10 +112,7 @@ class AsyncFernQdrantClient(AsyncQdrantClient):
 
     async def _layout(self, collection_name: str, model: str | None) -> CollectionLayout:
         config = (await self.get_collection(collection_name)).config
-        layout = layout_from_config(collection_name, config)
-        if model is not None:
-            layout = replace(layout, model=model)
-        return layout
+        return self._with_model(layout_from_config(collection_name, config), model)
 
     async def close(self, *args: Any, **kwargs: Any) -> None:
         await super().close(*args, **kwargs)

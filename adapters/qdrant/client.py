@@ -13,6 +13,9 @@ qdrant-client unchanged and it embeds them as it always does (FastEmbed, cloud i
 The constructor takes qdrant-client's arguments as qdrant-client does (positional too),
 and a client copies and pickles where qdrant-client's does (local mode in memory): the
 copy opens its own channel to the same sidecar.
+
+The async twin (async_client.py) shares FernQdrantMixin rather than being generated from
+this class: the two subclass different qdrant-client bases, so only the calls are written twice.
 """
 
 from __future__ import annotations
@@ -32,27 +35,32 @@ from adapters.qdrant.connection import FernConnection
 from adapters.qdrant.documents import FERN_PREFIX, DocumentEmbedder, FernModels
 from adapters.qdrant.ingest import IdSpec, IngestSummary, PayloadSpec, TextSpec
 from adapters.qdrant.uploads import embedded
-from sidecar.client import FernClient, ModelInfo
+from sidecar.client import AsyncFernClient, FernClient, ModelInfo
 
 WRITE_LANE = "batch"
 QUERY_LANE = "online"
 
 
-class FernQdrantClient(QdrantClient):
-    """QdrantClient plus Fern: same constructor arguments, plus `fern` (a FernClient or target).
+class FernQdrantMixin:
+    """What FernQdrantClient and AsyncFernQdrantClient share: the Fern client, pickling, uploads, layouts.
 
-    fern_models maps Document model names to sidecar model names (in addition to the
-    ``fern/<name>`` prefix), e.g. ``{"sentence-transformers/all-MiniLM-L6-v2": "all-MiniLM-L6-v2"}``.
+    It comes before the Qdrant base class, so its methods reach qdrant-client's through super().
+    Each twin adds `_fern_class`, `_reconnect`, `_write_embedder` and the overridden calls.
     """
 
-    def __init__(self, *args: Any, fern: FernClient | str | None = None,
-                 fern_models: Mapping[str, str] | None = None, fern_prefix: str = FERN_PREFIX,
-                 **kwargs: Any):
-        super().__init__(*args, **kwargs)
+    _fern_class: type[FernClient] | type[AsyncFernClient]
+
+    def _init_fern(self, fern: FernClient | AsyncFernClient | str | None,
+                   fern_models: Mapping[str, str] | None, fern_prefix: str) -> None:
         self._owns_fern = fern is None or isinstance(fern, str)
-        self.fern: FernClient = FernClient(fern) if self._owns_fern else fern
+        self.fern = self._fern_class(fern) if self._owns_fern else fern
         self.documents = DocumentEmbedder(FernModels(fern_prefix, dict(fern_models or {})))
-        self._model_info: dict[str, ModelInfo] = {}
+
+    def _reconnect(self, connection: FernConnection) -> FernClient | AsyncFernClient:
+        raise NotImplementedError
+
+    def _write_embedder(self) -> Callable[[list[Any]], list[Any]]:
+        raise NotImplementedError
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -62,8 +70,51 @@ class FernQdrantClient(QdrantClient):
     def __setstate__(self, state: dict[str, Any]) -> None:
         connection: FernConnection = state.pop("fern")
         self.__dict__.update(state)
-        self.fern = connection.blocking()
+        self.fern = self._reconnect(connection)
         self._owns_fern = True
+
+    # Streaming uploads (blocking on both qdrant-clients): Documents embedded per batch, BATCH lane.
+
+    def upload_points(self, collection_name: str, points: Iterable[models.PointStruct],
+                      batch_size: int = 64, *args: Any, **kwargs: Any) -> None:
+        """qdrant-client's upload_points, Fern Documents embedded per batch of `batch_size` points."""
+        points = embedded(points, self._write_embedder(), batch_size)
+        return super().upload_points(  # type: ignore[misc]
+            collection_name, points, batch_size, *args, **kwargs)
+
+    def upload_collection(self, collection_name: str, vectors: Any, payload: Any = None,
+                          ids: Any = None, batch_size: int = 64, *args: Any,
+                          **kwargs: Any) -> None:
+        """qdrant-client's upload_collection, Fern Documents embedded per batch of `batch_size` vectors."""
+        vectors = embedded(vectors, self._write_embedder(), batch_size)
+        return super().upload_collection(collection_name, vectors, payload, ids,  # type: ignore[misc]
+                                         batch_size, *args, **kwargs)
+
+    @staticmethod
+    def _with_model(layout: CollectionLayout, model: str | None) -> CollectionLayout:
+        """A collection's layout, its model replaced by `model` when one is given."""
+        return layout if model is None else replace(layout, model=model)
+
+
+class FernQdrantClient(FernQdrantMixin, QdrantClient):
+    """QdrantClient plus Fern: same constructor arguments, plus `fern` (a FernClient or target).
+
+    fern_models maps Document model names to sidecar model names (in addition to the
+    ``fern/<name>`` prefix), e.g. ``{"sentence-transformers/all-MiniLM-L6-v2": "all-MiniLM-L6-v2"}``.
+    """
+
+    _fern_class = FernClient
+
+    def __init__(self, *args: Any, fern: FernClient | str | None = None,
+                 fern_models: Mapping[str, str] | None = None, fern_prefix: str = FERN_PREFIX,
+                 **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.fern: FernClient
+        self._init_fern(fern, fern_models, fern_prefix)
+        self._model_info: dict[str, ModelInfo] = {}
+
+    def _reconnect(self, connection: FernConnection) -> FernClient:
+        return connection.blocking()
 
     # Writes: BATCH lane.
 
@@ -82,18 +133,6 @@ class FernQdrantClient(QdrantClient):
                             *args: Any, **kwargs: Any) -> list[models.UpdateResult]:
         update_operations = self.documents.substitute(update_operations, self.fern, WRITE_LANE)
         return super().batch_update_points(collection_name, update_operations, *args, **kwargs)
-
-    def upload_points(self, collection_name: str, points: Iterable[models.PointStruct],
-                      batch_size: int = 64, *args: Any, **kwargs: Any) -> None:
-        points = embedded(points, self._write_embedder(), batch_size)
-        return super().upload_points(collection_name, points, batch_size, *args, **kwargs)
-
-    def upload_collection(self, collection_name: str, vectors: Any, payload: Any = None,
-                          ids: Any = None, batch_size: int = 64, *args: Any,
-                          **kwargs: Any) -> None:
-        vectors = embedded(vectors, self._write_embedder(), batch_size)
-        return super().upload_collection(collection_name, vectors, payload, ids, batch_size,
-                                         *args, **kwargs)
 
     def _write_embedder(self) -> Callable[[list[Any]], list[Any]]:
         """Embeds the Documents of one batch of points or vectors: one sidecar call."""
@@ -162,10 +201,7 @@ class FernQdrantClient(QdrantClient):
                               with_payload=with_payload)
 
     def _layout(self, collection_name: str, model: str | None) -> CollectionLayout:
-        layout = _collection.collection_layout(self, collection_name)
-        if model is not None:
-            layout = replace(layout, model=model)
-        return layout
+        return self._with_model(_collection.collection_layout(self, collection_name), model)
 
     def _query_prompt(self, model: str) -> str | None:
         if model not in self._model_info:

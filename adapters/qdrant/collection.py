@@ -7,14 +7,16 @@ from typing import Any
 
 from qdrant_client import QdrantClient, models
 
+from sidecar import encodings
 from sidecar.client import FernClient, ModelInfo
 
 DENSE = "dense"
 SPARSE = "sparse"
 _METADATA_KEY = "fern"
 _DISTANCES = {"cosine": models.Distance.COSINE, "dot": models.Distance.DOT}
-_DATATYPES = {"float32": models.Datatype.FLOAT32, "float16": models.Datatype.FLOAT16}
-QUANTIZATIONS = ("int8", "binary")
+# Fern's encodings as Qdrant stores them: floats as a vector datatype, int8/binary as quantization.
+_DATATYPES = {encodings.FLOAT32.name: models.Datatype.FLOAT32, encodings.FLOAT16.name: models.Datatype.FLOAT16}
+QUANTIZATIONS = (encodings.INT8.name, encodings.BINARY.name)
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,13 @@ import base64
 import numpy as np
 
 from core_engine.config import ModelSpec
+from sidecar import encodings
 from sidecar.gateway import EmbedParams, EmbedResult
 from sidecar.http.body import get_bool, get_dimensions, get_encoding, get_lane, get_str, get_texts
 from sidecar.http.errors import HttpError
 
 FIELD = "input"
 ENCODING_FORMATS = ("float", "base64")
-# The bytes of one row of each encoding, little-endian, as base64 carries them.
-_LITTLE = {"float32": "<f4", "float16": "<f2", "int8": "i1", "binary": "u1"}
 
 
 def token_refusal(model: str) -> HttpError:
@@ -53,7 +52,7 @@ def parse(payload: dict, lane_header: str | None, default_model: str, max_inputs
 
 def response(result: EmbedResult, encoding_format: str) -> dict:
     """OpenAI's response body: data[].embedding as numbers, or as base64 of the little-endian row."""
-    vectors = np.ascontiguousarray(result.vectors, dtype=_LITTLE[result.encoding])
+    vectors = np.ascontiguousarray(result.vectors, dtype=encodings.BY_NAME[result.encoding].dtype)
     if encoding_format == "base64":
         embeddings: list = [base64.b64encode(row.tobytes()).decode() for row in vectors]
     else:

@@ -1,0 +1,154 @@
+"""The trigger functions that enqueue a vectorizer's changed rows (and NOTIFY the workers), and the backfill.
+
+INSERT enqueues; UPDATE only when a source or key column really changed; DELETE/TRUNCATE
+where chunk rows must go. The functions are SECURITY DEFINER, executable by no one but their
+owner, and refuse to run on any table but their vectorizer's.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+from adapters.postgres.catalog import Vectorizer, list_vectorizers
+
+NOTIFY_CHANNEL = "fern_queue"
+
+
+def _function_name(v_id: int, kind: str) -> sql.Identifier:
+    return sql.Identifier("fern", f"vectorizer_{v_id}_{kind}")
+
+
+def _trigger_name(v_id: int, kind: str) -> sql.Identifier:
+    return sql.Identifier(f"fern_vectorizer_{v_id}_{kind}")
+
+
+# First statement of every trigger function: it acts for one vectorizer, so it runs only on
+# that vectorizer's table (the catalog says which), whoever attached it elsewhere.
+_GUARD = sql.SQL("""IF NOT EXISTS (SELECT 1 FROM fern.vectorizers
+                    WHERE id = {id} AND table_schema = TG_TABLE_SCHEMA
+                      AND table_name = TG_TABLE_NAME) THEN
+    RAISE EXCEPTION 'fern: % fired on %.%, which is not the table of vectorizer {id}',
+        TG_NAME, quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME)
+        USING ERRCODE = 'insufficient_privilege';
+END IF;""")
+
+
+def _create_function(conn: psycopg.Connection, v_id: int, kind: str,
+                     body: sql.Composable) -> sql.Identifier:
+    """A SECURITY DEFINER trigger function, so any role that may write the table may enqueue.
+
+    PostgreSQL checks EXECUTE when a trigger is created, not when it fires: revoking it from
+    PUBLIC stops other roles attaching the function to their tables, while every writer of
+    the vectorizer's table still fires it.
+    """
+    name = _function_name(v_id, kind)
+    source = sql.SQL("BEGIN\n{}\n{}\nRETURN NULL;\nEND").format(
+        _GUARD.format(id=sql.Literal(v_id)), body).as_string(conn)
+    conn.execute(sql.SQL("""CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql
+                            SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+                            AS {}""").format(name, sql.Literal(source)))
+    conn.execute(sql.SQL("REVOKE ALL ON FUNCTION {}() FROM PUBLIC").format(name))
+    return name
+
+
+def install_triggers(conn: psycopg.Connection, v: Vectorizer) -> None:
+    """Create `v`'s insert, update, (delete,) truncate trigger functions and attach them to its table."""
+    notify = sql.SQL("PERFORM pg_notify({}, {});").format(sql.Literal(NOTIFY_CHANNEL),
+                                                          sql.Literal(str(v.id)))
+    enqueue_new = sql.SQL(
+        "INSERT INTO fern.queue (vectorizer_id, row_key) SELECT {}, {} FROM fern_new n;"
+    ).format(sql.Literal(v.id), v.key_json_sql("n"))
+    fn = _create_function(conn, v.id, "insert", enqueue_new + sql.SQL("\n") + notify)
+    conn.execute(sql.SQL("""CREATE TRIGGER {} AFTER INSERT ON {} REFERENCING NEW TABLE AS fern_new
+                            FOR EACH STATEMENT EXECUTE FUNCTION {}()""").format(
+        _trigger_name(v.id, "insert"), v.table, fn))
+
+    changed = [sql.SQL("OLD.{c} IS DISTINCT FROM NEW.{c}").format(c=sql.Identifier(c))
+               for c in v.source_columns]
+    # A key change moves the row to another key: it is queued under the new one (what was
+    # queued under the old key finds no row and is dropped), so a row re-keyed before its
+    # embedding was written still gets one. Old entries are not deleted here: in
+    # `SET id = id + 1` another row may already hold the old key.
+    key_changed = sql.SQL(" OR ").join(
+        sql.SQL("OLD.{c} IS DISTINCT FROM NEW.{c}").format(c=sql.Identifier(k))
+        for k in v.key_columns)
+    changed.append(key_changed)
+    update_cols = list(v.source_columns) + [k for k in v.key_columns
+                                            if k not in v.source_columns]
+    body = sql.SQL("INSERT INTO fern.queue (vectorizer_id, row_key) VALUES ({}, {});").format(
+        sql.Literal(v.id), sql.SQL("jsonb_build_array({})").format(
+            sql.SQL(", ").join(sql.SQL("NEW.{}").format(sql.Identifier(k))
+                               for k in v.key_columns)))
+    if v.chunking == "split":
+        # The old key's chunks must go with it.
+        body = sql.SQL("IF {kc} THEN DELETE FROM {chunks} c WHERE {match}; END IF;\n").format(
+            kc=key_changed, chunks=v.chunks, match=sql.SQL(" AND ").join(
+                sql.SQL("c.{k} = OLD.{k}").format(k=sql.Identifier(k)) for k in v.key_columns)
+        ) + body
+    fn = _create_function(conn, v.id, "update", body + sql.SQL("\n") + notify)
+    conn.execute(sql.SQL("""CREATE TRIGGER {} AFTER UPDATE OF {} ON {} FOR EACH ROW
+                            WHEN ({}) EXECUTE FUNCTION {}()""").format(
+        _trigger_name(v.id, "update"), sql.SQL(", ").join(map(sql.Identifier, update_cols)),
+        v.table, sql.SQL(" OR ").join(changed), fn))
+
+    truncate_body = sql.SQL("DELETE FROM fern.queue WHERE vectorizer_id = {};").format(
+        sql.Literal(v.id))
+    if v.chunking == "split":
+        truncate_body += sql.SQL("\nTRUNCATE {};").format(v.chunks)
+        delete_body = sql.SQL("DELETE FROM {} c USING fern_old o WHERE {};").format(
+            v.chunks, sql.SQL(" AND ").join(
+                sql.SQL("c.{k} = o.{k}").format(k=sql.Identifier(k)) for k in v.key_columns))
+        fn = _create_function(conn, v.id, "delete", delete_body)
+        conn.execute(sql.SQL("""CREATE TRIGGER {} AFTER DELETE ON {} REFERENCING OLD TABLE AS fern_old
+                                FOR EACH STATEMENT EXECUTE FUNCTION {}()""").format(
+            _trigger_name(v.id, "delete"), v.table, fn))
+    fn = _create_function(conn, v.id, "truncate", truncate_body)
+    conn.execute(sql.SQL("CREATE TRIGGER {} AFTER TRUNCATE ON {} FOR EACH STATEMENT "
+                         "EXECUTE FUNCTION {}()").format(_trigger_name(v.id, "truncate"),
+                                                         v.table, fn))
+
+
+def drop_triggers(conn: psycopg.Connection, v: Vectorizer) -> None:
+    """Drop every trigger and trigger function of `v` (those that exist)."""
+    for kind in ("insert", "update", "delete", "truncate"):
+        conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
+            _trigger_name(v.id, kind), v.table))
+        conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(_function_name(v.id, kind)))
+
+
+def refresh_triggers(conn: psycopg.Connection) -> int:
+    """Regenerate every vectorizer's triggers and functions with this version's protocol.
+
+    Run by the installer after a migration that changes what the triggers do. Triggers that
+    use a Fern trigger function on a table other than its vectorizer's (attached while the
+    functions were executable by PUBLIC) are dropped. Returns how many vectorizers.
+    """
+    vectorizers = list_vectorizers(conn)
+    with conn.transaction():
+        foreign = conn.execute(
+            """SELECT t.tgname, t.tgrelid::regclass::text FROM pg_trigger t
+                 JOIN pg_proc p ON p.oid = t.tgfoid
+                WHERE p.pronamespace = 'fern'::regnamespace
+                  AND p.proname ~ '^vectorizer_[0-9]+_'
+                  AND NOT EXISTS (
+                      SELECT 1 FROM fern.vectorizers v
+                       WHERE p.proname ~ ('^vectorizer_' || v.id || '_')
+                         AND t.tgrelid = to_regclass(format('%I.%I', v.table_schema,
+                                                            v.table_name)))""").fetchall()
+        for trigger, table in foreign:
+            conn.execute(sql.SQL("DROP TRIGGER {} ON {}").format(sql.Identifier(trigger),
+                                                                 sql.SQL(table)))
+        for v in vectorizers:
+            drop_triggers(conn, v)
+            install_triggers(conn, v)
+    return len(vectorizers)
+
+
+def backfill(conn: psycopg.Connection, v: Vectorizer) -> int:
+    """Enqueue every row of the table for `v`; returns how many."""
+    cur = conn.execute(sql.SQL("INSERT INTO fern.queue (vectorizer_id, row_key) "
+                               "SELECT {}, {} FROM {} t").format(
+        sql.Literal(v.id), v.key_json_sql("t"), v.table))
+    conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, str(v.id)))
+    return cur.rowcount
