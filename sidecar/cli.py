@@ -33,6 +33,8 @@ if TYPE_CHECKING:  # imported where used: the client verbs (embed, models) need 
     from sidecar.security import DoorSecurity
 
 DEFAULT_HOST = "127.0.0.1"
+# The names of sidecar.encodings' table (a test holds them equal); the parser loads no numpy.
+ENCODING_NAMES = ("float32", "float16", "int8", "binary")
 DEFAULT_PORT = 50051
 DEMO_HTTP_PORT = 8080
 # Scheduler knobs `fern serve` exposes: flag name -> SchedulerConfig field.
@@ -224,7 +226,7 @@ def _embed_options(p: argparse.ArgumentParser) -> None:
                    help="scheduler lane (env FERN_LANE; default %(default)s)")
     p.add_argument("--dimensions", type=int, default=_env_int("DIMENSIONS", 0),
                    help="Matryoshka truncation, 0 = full (env FERN_DIMENSIONS)")
-    p.add_argument("--encoding", choices=("float32", "float16", "int8", "binary"),
+    p.add_argument("--encoding", choices=ENCODING_NAMES,  # sidecar.encodings.NAMES, without numpy
                    default=_env("ENCODING", "float32"), help="env FERN_ENCODING")
     norm = p.add_mutually_exclusive_group()
     norm.add_argument("--normalize", dest="normalize", action="store_true",

@@ -30,7 +30,7 @@ def install(conn: psycopg.Connection, *, sql_endpoint: str | None = None,
     """
     applied = apply_migrations(conn, bundled_migrations())
     if _REFRESH_TRIGGERS & set(applied):
-        from adapters.postgres.vectorizer import refresh_triggers
+        from adapters.postgres.triggers import refresh_triggers
 
         refresh_triggers(conn)
     if sql_endpoint:
@@ -59,7 +59,7 @@ def worker_grants(conn: psycopg.Connection, role: str) -> list[sql.Composed]:
     columns, which PostgreSQL requires for the row lock the worker takes and which the
     worker never writes). Run it again after creating a vectorizer.
     """
-    from adapters.postgres.vectorizer import list_vectorizers
+    from adapters.postgres.catalog import list_vectorizers
 
     who = sql.Identifier(role)
     database = conn.execute("SELECT current_database()").fetchone()[0]

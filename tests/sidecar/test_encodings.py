@@ -21,3 +21,9 @@ def test_columns_match_what_packbits_and_the_dtype_give():
             assert encodings.BY_NAME[name].columns(d) == d
     for encoding in encodings.BY_NAME.values():
         assert encoding.dtype == encoding.dtype.newbyteorder("<")
+
+
+def test_the_cli_offers_the_tables_encodings():
+    from sidecar.cli import ENCODING_NAMES
+
+    assert ENCODING_NAMES == encodings.NAMES

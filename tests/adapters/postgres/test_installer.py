@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import psycopg
@@ -16,11 +17,10 @@ def test_embedded_postgres_runs_pg18_with_pgvector_as_non_root(pg_dsn):
         assert int(version) >= 180000
         names = {r[0] for r in c.execute("SELECT name FROM pg_available_extensions")}
         assert {"vector", "dblink"} <= names
-        # The server process never runs as root (PostgreSQL refuses to).
+        # The server process never runs as root (PostgreSQL refuses to). Its backend lives as
+        # long as the connection: looked at while the connection is open.
         pid = c.execute("SELECT pg_backend_pid()").fetchone()[0]
-    import os
-
-    assert os.stat(f"/proc/{pid}").st_uid != 0
+        assert os.stat(f"/proc/{pid}").st_uid != 0
 
 
 def test_embedded_postgres_cleans_up():
