@@ -60,6 +60,8 @@ class EmbedParams:
     Exactly one of `texts` and `token_ids` is non-empty. `model` "" is the default model;
     `prompt_name` "" the model's default prompt; `normalize` None the model's default;
     `dimensions` 0 the full dimension; `deadline` is a time.monotonic() instant or None.
+    `dense=False` (with `return_sparse`) answers the sparse vectors alone: they come from the
+    tokenizer, so no engine step runs and `vectors` has no columns.
     """
 
     texts: Sequence[str] = ()
@@ -72,6 +74,7 @@ class EmbedParams:
     dimensions: int = 0
     encoding: str = "float32"
     return_sparse: bool = False
+    dense: bool = True
     deadline: float | None = None
 
 
@@ -136,6 +139,8 @@ class Gateway:
         texts, token_ids = params.texts, params.token_ids
         if len(texts) and len(token_ids):
             raise invalid_argument("request: both texts and token_ids are set; send one of them")
+        if not params.dense and not params.return_sparse:
+            raise invalid_argument("request: dense=False asks for nothing without return_sparse")
         count = len(texts) or len(token_ids)
         if count == 0:
             raise invalid_argument("request: no inputs (texts and token_ids are both empty)")
@@ -152,6 +157,9 @@ class Gateway:
                 if _VISIBLE(text) is None:
                     raise invalid_argument(f"texts[{i}]: empty text (only whitespace, control or "
                                            "zero-width characters)", i)
+            if not params.dense:  # sparse alone: the plain texts' ids are all there is to compute
+                sparse_ids = await tokenizer.encode_plain_async(list(texts))
+                return PreparedRequest(params, served, [], dimensions, normalize, sparse_ids)
             prompt = self._prompt_text(params.prompt_name, spec)
             templated = [prompt + t for t in texts] if prompt else list(texts)
             dense = tokenizer.encode_async(templated, truncate=params.truncate)
@@ -182,6 +190,8 @@ class Gateway:
         RESOURCE_EXHAUSTED (streams, whose reader already waited, use it against races).
         """
         params, served = prepared.params, prepared.served
+        if not params.dense:
+            return await self._sparse_only(prepared)
         scheduler = served.scheduler
         try:
             # The common case (a query): one chunk, awaited directly, without a task per chunk
@@ -210,6 +220,17 @@ class Gateway:
         return EmbedResult(model=served.spec.name, vectors=vectors, dimensions=prepared.dimensions,
                            encoding=params.encoding,
                            token_counts=[len(s) for s in prepared.sequences], sparse=sparse)
+
+    @staticmethod
+    async def _sparse_only(prepared: PreparedRequest) -> EmbedResult:
+        served, ids = prepared.served, prepared.sparse_ids
+        special = served.tokenizer.special_ids
+        if len(ids) > LOOP_ROWS:  # ~50 us a text: off the loop, which keeps answering
+            sparse = await asyncio.to_thread(_sparse_vectors, ids, special)
+        else:
+            sparse = _sparse_vectors(ids, special)
+        return EmbedResult(model=served.spec.name, vectors=np.zeros((len(ids), 0), np.float32),
+                           dimensions=0, encoding="float32", token_counts=[len(i) for i in ids], sparse=sparse)
 
     @staticmethod
     async def _embed_chunks(prepared: PreparedRequest, chunks: list[slice],

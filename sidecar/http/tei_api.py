@@ -43,7 +43,7 @@ def parse_embed(payload: dict, lane_header: str | None, max_inputs: int, *, spar
         texts=get_texts(payload, FIELD, max_inputs, token_refusal), model=get_str(payload, "model"),
         lane=get_lane(payload, lane_header), prompt_name=get_str(payload, "prompt_name"),
         normalize=get_bool(payload, "normalize", True), truncate=_truncate(payload),
-        dimensions=get_dimensions(payload), return_sparse=sparse)
+        dimensions=get_dimensions(payload), return_sparse=sparse, dense=not sparse)
 
 
 def embed_response(result: EmbedResult) -> np.ndarray:

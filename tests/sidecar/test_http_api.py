@@ -185,15 +185,26 @@ def test_tei_bad_input_table(address, what, path, body, status, message, error_t
     assert message in answer["error"] and answer["error_type"] == error_type
 
 
+def engine_steps(served) -> float:
+    url = re.search(r"^fern: metrics on (\S+)", served.log(), re.M).group(1)
+    text = urllib.request.urlopen(url, timeout=30).read().decode()
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               if family.name == "fern_engine_steps" for sample in family.samples if sample.name.endswith("_total"))
+
+
 def test_tei_routes_answer_in_tei_shapes(address, served):
     with FernClient(served.target, token=TOKEN) as client:
         reference = client.embed(["hello there", "general kenobi"], sparse=True)
     status, vectors, _ = call(address, "POST", "/embed", {"inputs": ["hello there", "general kenobi"]})
     assert status == 200 and len(vectors) == 2 and len(vectors[0]) == 384
     assert abs(vectors[0][0] - float(reference.vectors[0][0])) < 1e-6
+    steps = engine_steps(served)
     status, sparse, _ = call(address, "POST", "/embed_sparse", {"inputs": ["hello there", "general kenobi"]})
     assert status == 200
     assert [[t["index"] for t in row] for row in sparse] == [s.indices.tolist() for s in reference.sparse]
+    for row, want in zip(sparse, reference.sparse):
+        assert [t["value"] for t in row] == pytest.approx(want.values.tolist(), rel=1e-6)
+    assert engine_steps(served) == steps  # sparse vectors come from the tokenizer: no engine step ran
     status, tokens, _ = call(address, "POST", "/tokenize", {"inputs": "hello there"})
     assert status == 200 and [t["text"] for t in tokens[0]] == ["[CLS]", "hello", "there", "[SEP]"]
     assert tokens[0][1] == {"id": 7592, "text": "hello", "special": False, "start": 0, "stop": 5}
