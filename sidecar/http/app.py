@@ -27,11 +27,15 @@ from sidecar.gateway import DRAINING, GENERIC_PROMPTS, EmbedParams, EmbedResult,
 from sidecar.http import openai_api, tei_api
 from sidecar.http.body import DEFAULT_MAX_BODY_BYTES, LANE_HEADER, read_json
 from sidecar.http.errors import HttpError, from_embed_error, tei_status
+from sidecar.lanes import Lane
 from sidecar.security import AuthLimiter
 
 log = logging.getLogger(__name__)
 
 Authorizer = Callable[[str | None], bool]
+# BATCH requests, and ONLINE ones of this many inputs or more, are cancelled in the scheduler when
+# their client disconnects, so the engine does not embed what nobody will read.
+WATCHED_INPUTS = 16
 _JSON = "application/json"
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
@@ -187,7 +191,21 @@ class HttpApp:
 
     async def _embed(self, request: Request, params: EmbedParams) -> EmbedResult:
         request.scope["fern.lane"] = params.lane.name.lower()
-        return await self.gateway.embed(params)
+        if params.lane is Lane.ONLINE and len(params.texts) + len(params.token_ids) < WATCHED_INPUTS:
+            return await self.gateway.embed(params)  # a query: done before a disconnect would matter
+        work = asyncio.ensure_future(self.gateway.embed(params))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():  # the client went away (or this handler was cancelled): so does its work
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+        if work.cancelled():
+            raise HttpError(499, "the client closed the connection before the answer",
+                            code="client_closed", error_type="client_closed")
+        return work.result()
 
     # ------------------------------------------------------------------ OpenAI
 
@@ -246,3 +264,9 @@ class HttpApp:
 
     async def _health(self, request: Request) -> Response:
         return Response(b"", status_code=200)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body is read: what receive() gives next is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -6,6 +6,7 @@ import http.client
 import json
 import re
 import socket
+import time
 import urllib.request
 from urllib.parse import urlsplit
 
@@ -254,3 +255,26 @@ def test_metrics_count_http_requests_by_route_status_and_lane(address, served):
     count = ("fern_http_request_seconds_count", ("route", "/embed"))
     assert after[count] == before.get(count, 0) + 1
     assert after[("fern_http_request_seconds_bucket", ("le", "+Inf"), ("route", "/embed"))] == after[count]
+
+
+def test_a_client_that_disconnects_cancels_its_bulk_request(address, served):
+    url = re.search(r"^fern: metrics on (\S+)", served.log(), re.M).group(1)
+
+    def cancelled() -> float:
+        text = urllib.request.urlopen(url, timeout=30).read().decode()
+        return sum(sample.value for family in text_string_to_metric_families(text)
+                   if family.name == "fern_requests_cancelled" for sample in family.samples
+                   if sample.name.endswith("_total") and sample.labels["lane"] == "online")
+
+    before = cancelled()
+    body = json.dumps({"input": [f"passage {i}: " + "words of a long passage " * 40 for i in range(400)]}).encode()
+    with socket.create_connection(address, timeout=60) as s:
+        s.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() +
+                  b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        time.sleep(0.5)  # the request is admitted; 400 passages take the CPU engine many seconds
+    deadline = time.monotonic() + 60
+    while cancelled() == before:
+        assert time.monotonic() < deadline, "the disconnect never cancelled the request"
+        time.sleep(0.05)
+    status, answer, _ = call(address, "POST", "/v1/embeddings", {"input": "still serving"})
+    assert status == 200 and len(answer["data"]) == 1
