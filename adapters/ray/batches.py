@@ -44,6 +44,15 @@ def _values(batch: Batch, column: str) -> list:
     return batch.column(column).to_pylist()  # pyarrow
 
 
+def _described(value: object) -> str:
+    """"a missing value (None)" for None, NaN and pandas' NA (how each format spells a null), else type and repr."""
+    nan = isinstance(value, (float, np.floating)) and bool(np.isnan(value))
+    if value is None or nan or type(value).__name__ == "NAType":
+        return f"a missing value ({value!r})"
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    return f"{type(value).__name__} {shown}"
+
+
 def texts_of(batch: Batch, column: str) -> list[str]:
     """The strings of `column`; BatchError when the column is missing or a value is not a string."""
     if column not in _columns(batch):
@@ -52,9 +61,8 @@ def texts_of(batch: Batch, column: str) -> list[str]:
     texts = _values(batch, column)
     for row, value in enumerate(texts):
         if not isinstance(value, str):
-            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
             raise BatchError(f"column {column!r}, row {row} of the batch: expected a string, got "
-                             f"{type(value).__name__} {shown}", column, row)
+                             f"{_described(value)}", column, row)
     return texts
 
 

@@ -136,7 +136,7 @@ def test_written_into_postgres(through_sidecars, reference: np.ndarray, pg_db: s
         register_vector(conn)
         rows = conn.execute("SELECT id, body, embedding FROM docs ORDER BY id").fetchall()
         assert [r[0] for r in rows] == list(range(ROWS)) and [r[1] for r in rows] == TEXTS
-        assert_same_vectors(np.stack([r[2] for r in rows]).astype(np.float32), reference)
+        assert_same_vectors(np.stack([r[2].to_numpy() for r in rows]).astype(np.float32), reference)
         nearest = conn.execute("SELECT id FROM docs ORDER BY embedding <=> %s LIMIT 1",
                                (reference[1234],)).fetchone()
         assert nearest == (1234,)
@@ -170,10 +170,16 @@ def test_a_missing_column_is_named(texts, sidecar_target: str) -> None:
     lambda: pd.DataFrame({"text": ["a", None, "c"]}),
     lambda: pa.table({"text": ["a", None, "c"]}),
 ], ids=["numpy", "pandas", "pyarrow"])
-def test_a_value_that_is_not_a_string_is_named_by_column_and_row(make) -> None:
-    with pytest.raises(BatchError, match=r"column 'text', row 1 of the batch: expected a string, got NoneType") as caught:
+def test_a_missing_value_is_named_by_column_and_row(make) -> None:
+    with pytest.raises(BatchError, match=r"column 'text', row 1 of the batch: expected a string, "
+                                         r"got a missing value") as caught:
         texts_of(make(), "text")
     assert (caught.value.column, caught.value.row) == ("text", 1)
+
+
+def test_a_value_of_another_type_is_named_with_its_type() -> None:
+    with pytest.raises(BatchError, match=r"column 'text', row 2 of the batch: expected a string, got int 7"):
+        texts_of({"text": np.array(["a", "b", 7], dtype=object)}, "text")
 
 
 def test_a_text_the_sidecar_refuses_is_named_by_column_and_row(sidecar_target: str) -> None:
