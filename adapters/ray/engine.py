@@ -13,12 +13,15 @@ import asyncio
 import threading
 from collections.abc import Coroutine
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from adapters.ray.batches import Batch, located, slices, texts_of, with_vectors
 from sidecar.errors import EmbedError
+
+if TYPE_CHECKING:
+    from core_engine.settings import SidecarConfig
 
 
 class FernEmbedder:
@@ -30,7 +33,8 @@ class FernEmbedder:
     `model` is what `fern serve --model` takes ("" = the bundled model, `DIR` or `NAME=DIR`);
     `device` "auto" is the GPU Ray gave the actor, else the CPU. `prompt`, `normalize`,
     `truncate` and `dimensions` mean what they mean on the wire. `tokenizer_processes` 0
-    tokenizes on threads in the actor (Ray has already counted the actor's CPUs).
+    tokenizes on threads in the actor (Ray has already counted the actor's CPUs); `settings`
+    is the sidecar's SidecarConfig (tokenizer memo and Rust pool, scheduler launch).
     """
 
     def __init__(self, model: str = "", *, column: str = "text", output_column: str = "embedding",
@@ -38,7 +42,7 @@ class FernEmbedder:
                  cuda_graphs: bool = True, prompt: str | None = None,
                  normalize: bool | None = None, truncate: bool = True, dimensions: int = 0,
                  tokenizer_workers: int | None = None, tokenizer_processes: int = 0,
-                 settings: Any = None) -> None:
+                 settings: SidecarConfig | None = None) -> None:
         # torch and the engine: only in the actor, never where the pipeline is only described.
         from sidecar.gateway import EmbedParams, Gateway
         from sidecar.registry import ModelSource, Registry

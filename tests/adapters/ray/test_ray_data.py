@@ -197,3 +197,28 @@ def test_vectors_keep_the_batch_format() -> None:
     table = with_vectors(pa.table({"text": ["a", "b", "c"]}), "embedding", vectors)
     assert table.column_names == ["text", "embedding"]
     assert np.array_equal(table.column("embedding").chunk(0).to_numpy(), vectors)
+
+
+@pytest.fixture(scope="module")
+def embedder() -> Iterator[FernEmbedder]:
+    """The actor's class in this process, with options a caller would set."""
+    engine = FernEmbedder(device="cpu", dimensions=128, normalize=True)
+    yield engine
+    engine.close()
+
+
+def test_options_reach_the_engine_and_the_sidecar_alike(embedder: FernEmbedder, sidecar_target: str) -> None:
+    with FernClient(sidecar_target) as client:
+        want = client.embed(TEXTS[:64], dimensions=128, normalize=True).vectors
+    through = embed_through(sidecar_target, dimensions=128, normalize=True, request_texts=10)
+    assert_same_vectors(through.embed(TEXTS[:64]), want)
+    assert_same_vectors(embedder.embed(TEXTS[:64]), want)
+    assert through.embed([]).shape == embedder.embed([]).shape == (0, 128)
+    through.close()
+
+
+def test_a_text_the_engine_refuses_is_named_by_column_and_row(embedder: FernEmbedder) -> None:
+    with pytest.raises(BatchError, match=r"column 'text', row 2 of the batch: empty text"):
+        embedder(pd.DataFrame({"text": ["a", "b", ""]}))
+    with pytest.raises(BatchError, match=r"column 'text' is not in the batch \(its columns: 'body'\)"):
+        embedder(pa.table({"body": ["a"]}))
