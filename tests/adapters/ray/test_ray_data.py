@@ -23,7 +23,7 @@ from pg_fixtures import pg_db, pg_dsn, pg_server  # noqa: E402,F401
 
 from adapters.qdrant.client import FernQdrantClient  # noqa: E402
 from adapters.qdrant.collection import DENSE  # noqa: E402
-from adapters.ray import BatchError, FernEmbedder, embed_through  # noqa: E402
+from adapters.ray import BatchError, FernEmbedder, SidecarEmbedder, embed_through  # noqa: E402
 from adapters.ray.batches import texts_of, with_vectors  # noqa: E402
 from sidecar.client import FernClient  # noqa: E402
 
@@ -113,6 +113,12 @@ def test_every_batch_format_gets_the_same_vectors(texts, sidecar_target: str, re
                                                   batch_format: str) -> None:
     out = texts.limit(300).map_batches(embed_through(sidecar_target), batch_format=batch_format,
                                        batch_size=100).to_pandas().sort_values("id")
+    assert_same_vectors(np.stack(out["embedding"].to_numpy()), reference[out["id"].to_numpy()])
+
+
+def test_sidecar_embedder_as_an_actor_class(texts, sidecar_target: str, reference: np.ndarray) -> None:
+    out = texts.limit(200).map_batches(SidecarEmbedder, fn_constructor_kwargs={"target": sidecar_target},
+                                       concurrency=1, batch_size=100).to_pandas().sort_values("id")
     assert_same_vectors(np.stack(out["embedding"].to_numpy()), reference[out["id"].to_numpy()])
 
 
