@@ -5,21 +5,22 @@
 Each task opens its own FernClient (one channel, kept for the task's batches); a target
 naming several sidecars (a comma list, or dns:///) is balanced by the client's channel. A
 batch is sent as requests of `request_texts` texts, `max_in_flight` at a time, through the
-BATCH lane; a sidecar whose queue is full (RESOURCE_EXHAUSTED) is asked again after a
-backoff until `timeout` has passed, since that refusal is the sidecar's flow control.
+BATCH lane. A sidecar whose queue is full (RESOURCE_EXHAUSTED, its flow control) or that is
+restarting (UNAVAILABLE) is asked again after a backoff until `timeout` has passed.
 """
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, replace
 from typing import Any
 
 import grpc
 import numpy as np
 
 from adapters.ray.batches import Batch, located, slices, texts_of, with_vectors
-from sidecar.client import FernClient, FernError
+from sidecar.client import EmbedOptions, FernClient, FernError
 
 # Statuses that mean "not now" rather than "never": a full queue, a sidecar restarting or draining.
 _RETRYABLE = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
@@ -47,8 +48,11 @@ class SidecarEmbedder:
         self.target = target
         self.column = column
         self.output_column = output_column
-        self.options = dict(model=model, lane=lane, prompt=prompt, normalize=normalize,
-                            truncate=truncate, dimensions=dimensions)
+        self.options = EmbedOptions(model=model, lane=lane, prompt=prompt, normalize=normalize,
+                                    truncate=truncate, dimensions=dimensions)
+        # A bad lane or dimensions fails here, where the pipeline is built; checked on a copy,
+        # since the request it caches does not pickle and Ray pickles this object.
+        replace(self.options).request()
         self.token = token
         self.request_texts = request_texts
         self.max_in_flight = max_in_flight
@@ -80,7 +84,7 @@ class SidecarEmbedder:
         while True:
             try:
                 return client.embed(texts, timeout=max(0.1, deadline - time.monotonic()),
-                                    **self.options).vectors
+                                    **asdict(self.options)).vectors
             except FernError as error:
                 if error.code in _RETRYABLE and time.monotonic() + pause < deadline:
                     time.sleep(pause)
@@ -92,10 +96,10 @@ class SidecarEmbedder:
                 raise
 
     def _dimensions(self) -> int:
-        if self.options["dimensions"]:
-            return self.options["dimensions"]
+        if self.options.dimensions:
+            return self.options.dimensions
         client, _ = self._open()
-        return client.model(self.options["model"], timeout=self.timeout).dimensions
+        return client.model(self.options.model, timeout=self.timeout).dimensions
 
     def _open(self) -> tuple[FernClient, ThreadPoolExecutor]:
         if self._client is None:

@@ -7,7 +7,9 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
+import grpc
 import numpy as np
 import pytest
 
@@ -25,7 +27,8 @@ from adapters.qdrant.client import FernQdrantClient  # noqa: E402
 from adapters.qdrant.collection import DENSE  # noqa: E402
 from adapters.ray import BatchError, FernEmbedder, SidecarEmbedder, embed_through  # noqa: E402
 from adapters.ray.batches import texts_of, with_vectors  # noqa: E402
-from sidecar.client import FernClient  # noqa: E402
+from adapters.ray import sidecars  # noqa: E402
+from sidecar.client import FernClient, FernError  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +71,7 @@ def local_ray() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def sidecars(sidecar_target: str, sidecar_factory) -> Iterator[str]:
+def two_sidecars(sidecar_target: str, sidecar_factory) -> Iterator[str]:
     """Two running sidecars as one comma-list target, which the client balances."""
     second = sidecar_factory()
     yield f"{sidecar_target},{second.target}"
@@ -90,8 +93,8 @@ def texts(local_ray: None) -> "ray.data.Dataset":
 
 
 @pytest.fixture(scope="module")
-def through_sidecars(texts: "ray.data.Dataset", sidecars: str) -> "ray.data.Dataset":
-    return texts.map_batches(embed_through(sidecars, column="text"), batch_size=BATCH_ROWS).materialize()
+def through_sidecars(texts: "ray.data.Dataset", two_sidecars: str) -> "ray.data.Dataset":
+    return texts.map_batches(embed_through(two_sidecars, column="text"), batch_size=BATCH_ROWS).materialize()
 
 
 @pytest.fixture(scope="module")
@@ -228,3 +231,49 @@ def test_a_text_the_engine_refuses_is_named_by_column_and_row(embedder: FernEmbe
         embedder(pd.DataFrame({"text": ["a", "b", ""]}))
     with pytest.raises(BatchError, match=r"column 'text' is not in the batch \(its columns: 'body'\)"):
         embedder(pa.table({"body": ["a"]}))
+
+
+class RefusingClient:
+    """A FernClient stand-in whose first `refusals` calls fail with `code`, then answer zeros."""
+
+    def __init__(self, code: grpc.StatusCode, refusals: int) -> None:
+        self.code, self.refusals, self.calls = code, refusals, 0
+
+    def __call__(self, target: str, **kwargs) -> "RefusingClient":
+        return self
+
+    def embed(self, texts: list[str], **options) -> SimpleNamespace:
+        self.calls += 1
+        if self.calls <= self.refusals:
+            raise FernError(self.code, "the BATCH lane's queue is full")
+        return SimpleNamespace(vectors=np.zeros((len(texts), 4), dtype=np.float32))
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE])
+def test_a_full_or_restarting_sidecar_is_asked_again(monkeypatch: pytest.MonkeyPatch, code) -> None:
+    fake = RefusingClient(code, refusals=3)
+    monkeypatch.setattr(sidecars, "FernClient", fake)
+    assert embed_through("127.0.0.1:1").embed(["a", "b"]).shape == (2, 4)
+    assert fake.calls == 4
+
+
+def test_asking_again_ends_at_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sidecars, "FernClient", RefusingClient(grpc.StatusCode.RESOURCE_EXHAUSTED, 10**6))
+    with pytest.raises(FernError, match="RESOURCE_EXHAUSTED"):
+        embed_through("127.0.0.1:1", timeout=0.3).embed(["a"])
+
+
+def test_a_refusal_of_the_request_is_not_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = RefusingClient(grpc.StatusCode.NOT_FOUND, refusals=1)
+    monkeypatch.setattr(sidecars, "FernClient", fake)
+    with pytest.raises(FernError, match="NOT_FOUND"):
+        embed_through("127.0.0.1:1").embed(["a"])
+    assert fake.calls == 1
+
+
+def test_a_bad_option_fails_where_the_pipeline_is_built() -> None:
+    with pytest.raises(ValueError, match="lane must be one of"):
+        embed_through("127.0.0.1:1", lane="bulk")
