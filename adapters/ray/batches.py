@@ -45,7 +45,7 @@ def _values(batch: Batch, column: str) -> list:
 
 
 def _described(value: object) -> str:
-    """"a missing value (None)" for None, NaN and pandas' NA (how each format spells a null), else type and repr."""
+    """'a missing value (None)' for None, NaN and pandas' NA (each format's null), else type and repr."""
     nan = isinstance(value, (float, np.floating)) and bool(np.isnan(value))
     if value is None or nan or type(value).__name__ == "NAType":
         return f"a missing value ({value!r})"
