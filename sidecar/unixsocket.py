@@ -142,8 +142,10 @@ def bind(spec: UnixSocket, backlog: int = 1024) -> tuple[socket.socket, int]:
 
 
 def remove(path: Path, inode: int | None) -> None:
-    """Delete the socket file at `path` if it is still the one bound (inode `inode`)."""
+    """Delete the socket file at `path` if it is still the one bound (inode `inode`; None: none was)."""
+    if inode is None:
+        return
     with contextlib.suppress(FileNotFoundError):
         info = os.lstat(path)
-        if stat.S_ISSOCK(info.st_mode) and (inode is None or info.st_ino == inode):
+        if stat.S_ISSOCK(info.st_mode) and info.st_ino == inode:
             path.unlink()
