@@ -11,7 +11,6 @@ process has replaced it meanwhile.
 from __future__ import annotations
 
 import contextlib
-import errno
 import grp
 import os
 import socket
@@ -80,11 +79,11 @@ def claim(path: Path) -> None:
         info = os.lstat(path)
     except FileNotFoundError:
         if not path.parent.is_dir():
-            raise OSError(errno.ENOENT, f"socket {path}: the directory {path.parent} does not exist") from None
+            raise FileNotFoundError(f"socket {path}: the directory {path.parent} does not exist") from None
         return
     if not stat.S_ISSOCK(info.st_mode):
-        raise OSError(errno.EEXIST, f"socket {path}: the path exists and is not a socket; refusing to "
-                                    "replace it (remove it, or choose another path)")
+        raise FileExistsError(f"socket {path}: the path exists and is not a socket; refusing to replace "
+                              "it (remove it, or choose another path)")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(str(path))
@@ -94,11 +93,11 @@ def claim(path: Path) -> None:
     except FileNotFoundError:
         return
     except OSError as error:
-        raise OSError(error.errno, f"socket {path}: cannot tell whether another process listens on it "
-                                   f"({error.strerror}); refusing to replace it") from None
+        raise OSError(f"socket {path}: cannot tell whether another process listens on it "
+                      f"({error.strerror}); refusing to replace it") from None
     finally:
         probe.close()
-    raise OSError(errno.EADDRINUSE, f"socket {path}: another process is listening on it")
+    raise OSError(f"socket {path}: another process is listening on it")
 
 
 @contextlib.contextmanager
@@ -121,7 +120,7 @@ def secure(spec: UnixSocket) -> int:
     except OSError as error:
         spec.path.unlink(missing_ok=True)
         what = f"group {spec.group!r}" if spec.group is not None else f"mode {spec.mode:#o}"
-        raise OSError(error.errno, f"socket {spec.path}: cannot set its {what} ({error.strerror})") from None
+        raise OSError(f"socket {spec.path}: cannot set its {what} ({error.strerror})") from None
     return os.lstat(spec.path).st_ino
 
 
