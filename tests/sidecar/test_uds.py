@@ -3,6 +3,8 @@ and HTTP (--http-uds), each socket file with its mode, stale ones replaced, remo
 
 from __future__ import annotations
 
+import grp
+import json
 import os
 import shutil
 import socket
@@ -16,10 +18,15 @@ import httpx
 import numpy as np
 import psycopg
 import pytest
+import trustme
 from psycopg.conninfo import make_conninfo
 
 from sidecar.client import FernClient
+from sidecar.unixsocket import UnixSocket
 from tests.conftest import fern_command
+from tests.security.pgwire_harness import TOKEN as PG_TOKEN
+from tests.security.pgwire_harness import endpoint, gateway, loop_thread  # noqa: F401
+from tests.security.test_pgwire_tls import server_context
 from tests.sidecar.test_metrics import listening_ports
 
 TOKEN = "uds-door-secret"
@@ -73,6 +80,16 @@ def test_embed_over_unix_equals_tcp(every_door, socket_dir):
     assert f"fern: gRPC on {target}" in every_door.log()
 
 
+def test_fern_embed_takes_a_unix_target(every_door, socket_dir):
+    target = f"unix:{socket_dir / 'grpc.sock'}"
+    done = subprocess.run([*fern_command(), "embed", "--target", target, "--token", TOKEN, TEXTS[0]],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    with FernClient(target, token=TOKEN, timeout=120) as client:
+        want = client.embed(TEXTS[:1]).vectors[0]
+    np.testing.assert_allclose(json.loads(done.stdout)["vectors"][0], want, rtol=1e-6)
+
+
 def test_tokens_still_apply_on_the_socket(every_door, socket_dir):
     from sidecar.client import FernError
 
@@ -114,13 +131,22 @@ def test_http_over_the_socket(every_door, socket_dir):
     assert every_door.http_url.startswith("http://127.0.0.1:")
 
 
+def test_every_socket_file_is_gone_after_sigterm(every_door, socket_dir):
+    files = [socket_dir / "grpc.sock", socket_dir / "http.sock", socket_dir / f".s.PGSQL.{every_door.pg_port}"]
+    assert all(os.path.lexists(path) for path in files)
+    assert every_door.terminate() == 0, every_door.log()
+    assert [path for path in files if os.path.lexists(path)] == []
+
+
 def test_no_tcp_mode_stale_socket_and_removal_on_sigterm(sidecar_factory, socket_dir):
     path = socket_dir / "only.sock"
     stale_socket(path)
-    process = sidecar_factory("--no-tcp", "--uds", str(path), "--uds-mode", "0660")
+    group = grp.getgrgid(os.getgid()).gr_name
+    process = sidecar_factory("--no-tcp", "--uds", str(path), "--uds-mode", "0660", "--uds-group", group)
     try:
         assert process.target == f"unix:{path}"
         assert mode_of(path) == 0o660
+        assert os.lstat(path).st_gid == os.getgid()
         assert listening_ports(process.process.pid) == set()
         with FernClient(process.target, timeout=120) as client:
             assert client.embed(TEXTS).vectors.shape == (2, 384)
@@ -160,3 +186,16 @@ def test_bad_socket_flags_are_refused_clearly(args, message):
     done = serve("--port", "0", *args)
     assert done.returncode != 0
     assert message in done.stderr, done.stderr
+
+
+def test_require_tls_holds_for_tcp_but_not_for_the_socket(endpoint, socket_dir):  # noqa: F811
+    server = endpoint(ssl_context=server_context(trustme.CA()), require_tls=True,
+                      socket_dir=UnixSocket(socket_dir))
+    parts = {"user": "fern", "dbname": "fern", "password": PG_TOKEN, "connect_timeout": "30"}
+    with psycopg.connect(make_conninfo("", host=str(socket_dir), port=str(server.port), **parts),
+                         autocommit=True) as conn:
+        assert conn.execute("SELECT embed('over the socket')").fetchone()[0].startswith("[")
+    with pytest.raises(psycopg.OperationalError, match="requires TLS"):
+        psycopg.connect(make_conninfo("", host="127.0.0.1", port=str(server.port), sslmode="disable", **parts))
+    socket_file = server.unix_socket.path
+    assert mode_of(socket_file) == 0o600
