@@ -527,6 +527,8 @@ def _unix_sockets(args: argparse.Namespace) -> dict:
         sockets = {flag: unixsocket.UnixSocket(Path(path), mode, args.uds_group)
                    for flag, path in (("uds", args.uds), ("pg_socket_dir", args.pg_socket_dir),
                                       ("http_uds", args.http_uds)) if path}
+        if "uds" in sockets and "http_uds" in sockets and sockets["uds"].path == sockets["http_uds"].path:
+            raise ValueError(f"--uds and --http-uds name the same path, {sockets['uds'].path}: give each door its own")
         for flag in ("uds", "http_uds"):
             if flag in sockets:
                 unixsocket.claim(sockets[flag].path)

@@ -179,6 +179,8 @@ def test_a_socket_another_process_listens_on_is_refused(socket_dir):
 @pytest.mark.parametrize("args, message", [
     (["--no-tcp"], "--no-tcp needs --uds"),
     (["--pg-socket-dir", "/tmp"], "--pg-socket-dir needs --pg-port"),
+    (["--uds", "/tmp/fern-x.sock", "--http-uds", "/tmp/fern-x.sock"], "name the same path"),
+    (["--pg-port", "0", "--token", TOKEN, "--pg-socket-dir", "/tmp/no-such-dir-here"], "not a directory"),
     (["--uds", "/tmp/fern-x.sock", "--uds-mode", "rw"], "'rw' is not an octal number"),
     (["--uds", "/tmp/fern-x.sock", "--uds-group", "no-such-group-here"], "'no-such-group-here': no such group"),
 ])
