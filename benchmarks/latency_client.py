@@ -1,6 +1,7 @@
 """One client process of the suite's end-to-end latency: sequential batch-1 `FernClient.embed` calls.
 
-`python -m benchmarks.latency_client TARGET --iters N --warmup W < texts.json` reads a JSON
+`python -m benchmarks.latency_client TARGET --iters N --warmup W < texts.json` (TARGET is
+host:port, or unix:/path for a sidecar's --uds socket) reads a JSON
 list of texts, embeds them one per call in turn (W untimed calls on the first W texts, then
 the timed calls on the texts after them, so that with W + N texts no timed call repeats a
 text) and prints one JSON line: the percentiles in milliseconds. The suite runs it as a subprocess, since a
@@ -18,7 +19,7 @@ import time
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.latency_client", description=__doc__.splitlines()[0])
-    p.add_argument("target")
+    p.add_argument("target", help="the sidecar: host:port, or unix:/path for its --uds socket")
     p.add_argument("--iters", type=int, default=500)
     p.add_argument("--warmup", type=int, default=20)
     args = p.parse_args(argv)

@@ -125,6 +125,17 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    help="address to bind (env FERN_HOST; default %(default)s: local only)")
     p.add_argument("--port", type=int, default=_env_int("PORT", DEFAULT_PORT),
                    help="gRPC port, 0 for any free one (env FERN_PORT; default %(default)s)")
+    p.add_argument("--uds", default=_env("UDS"), metavar="PATH",
+                   help="gRPC also on this Unix socket, in plaintext (file permissions guard it; tokens "
+                        "still apply); clients use target unix:PATH (env FERN_UDS)")
+    p.add_argument("--uds-mode", default=_env("UDS_MODE", "0600"), metavar="MODE",
+                   help="octal mode of every socket file (--uds, --pg-socket-dir, --http-uds) (env "
+                        "FERN_UDS_MODE; default %(default)s: the sidecar's user only)")
+    p.add_argument("--uds-group", default=_env("UDS_GROUP"), metavar="GROUP",
+                   help="group of every socket file, e.g. the database's, with --uds-mode 0660 (env "
+                        "FERN_UDS_GROUP)")
+    p.add_argument("--no-tcp", action="store_true", default=_env_bool("NO_TCP"),
+                   help="no TCP gRPC listener: gRPC only on --uds (env FERN_NO_TCP=1)")
     p.add_argument("--token", action=_AppendToken, default=_env("TOKEN"),
                    help="require 'authorization: Bearer TOKEN' on every call but health checks; "
                         "repeatable: any of them is accepted (rotation); the first is also the "
@@ -166,6 +177,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                         "FERN_PG_REQUIRE_TLS=1)")
     p.add_argument("--pg-host", default=_env("PG_HOST", None),
                    help="address for the Postgres endpoint (env FERN_PG_HOST; default: --host)")
+    p.add_argument("--pg-socket-dir", default=_env("PG_SOCKET_DIR"), metavar="DIR",
+                   help="the Postgres endpoint also on the Unix socket DIR/.s.PGSQL.<pg-port>, for libpq's "
+                        "host=DIR (env FERN_PG_SOCKET_DIR)")
     p.add_argument("--pg-worker-dsn", default=_env("PG_WORKER_DSN", None),
                    help="also run a Postgres vectorizer worker against this database (env "
                         "FERN_PG_WORKER_DSN; default: off)")
@@ -174,6 +188,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                         "port, 0 for any free one (env FERN_HTTP_PORT; default: off; 8080 is usual)")
     p.add_argument("--http-host", default=_env("HTTP_HOST", None),
                    help="address for the HTTP APIs (env FERN_HTTP_HOST; default: --host)")
+    p.add_argument("--http-uds", default=_env("HTTP_UDS"), metavar="PATH",
+                   help="the HTTP APIs on this Unix socket too, in plaintext (alone, without --http-port: "
+                        "only there) (env FERN_HTTP_UDS)")
     p.add_argument("--http-max-body-bytes", type=int, default=_env_int("HTTP_MAX_BODY_BYTES", 8 * 1024 * 1024),
                    help="largest HTTP request body, refused (413) before it is read whole (env "
                         "FERN_HTTP_MAX_BODY_BYTES; default %(default)s)")
@@ -498,6 +515,36 @@ def _warn_exposure(args: argparse.Namespace, security: DoorSecurity) -> None:
                     "`openssl rand -hex 32`", short, MIN_TOKEN_CHARS)
 
 
+def _unix_sockets(args: argparse.Namespace) -> dict:
+    """The socket files `fern serve`'s flags ask for, by flag (uds, pg_socket_dir, http_uds), checked
+    before the models load: a bad mode or group, or a path that is taken, fails in a second."""
+    from sidecar import unixsocket
+
+    if args.no_tcp and not args.uds:
+        raise SystemExit("fern: --no-tcp needs --uds PATH (gRPC must listen somewhere)")
+    if args.pg_socket_dir and args.pg_port is None:
+        raise SystemExit("fern: --pg-socket-dir needs --pg-port (the socket is named DIR/.s.PGSQL.<pg-port>)")
+    try:
+        mode = unixsocket.parse_mode(args.uds_mode)
+        sockets = {flag: unixsocket.UnixSocket(Path(path), mode, args.uds_group)
+                   for flag, path in (("uds", args.uds), ("pg_socket_dir", args.pg_socket_dir),
+                                      ("http_uds", args.http_uds)) if path}
+        if "uds" in sockets and "http_uds" in sockets and sockets["uds"].path == sockets["http_uds"].path:
+            raise ValueError(f"--uds and --http-uds name the same path, {sockets['uds'].path}: give each door its own")
+        for flag in ("uds", "http_uds"):
+            if flag in sockets:
+                unixsocket.claim(sockets[flag].path)
+        if "pg_socket_dir" in sockets:
+            directory = sockets["pg_socket_dir"].path
+            if not directory.is_dir():
+                raise ValueError(f"--pg-socket-dir {directory}: not a directory")
+            if args.pg_port:
+                unixsocket.claim(directory / f".s.PGSQL.{args.pg_port}")
+    except (ValueError, OSError) as error:
+        raise SystemExit(f"fern: {error}") from None
+    return sockets
+
+
 async def run_sidecar(args: argparse.Namespace,
                       after_start: Callable[[str], object] | None = None) -> int:
     """Load the models, serve until SIGTERM/SIGINT (or until `after_start` returns False), drain."""
@@ -505,7 +552,11 @@ async def run_sidecar(args: argparse.Namespace,
 
     security = door_security(args)
     _warn_exposure(args, security)
-    if security.tls is not None and (args.pg_worker_dsn or after_start) and not _env("TLS_CA"):
+    sockets = _unix_sockets(args)
+    if args.no_tcp and (args.pg_worker_dsn or after_start) and _env("TLS_CA"):
+        raise SystemExit("fern: with --no-tcp, the in-process worker and demos connect over --uds in "
+                         "plaintext: unset FERN_TLS_CA")
+    if security.tls is not None and not args.no_tcp and (args.pg_worker_dsn or after_start) and not _env("TLS_CA"):
         # The worker and the demos are clients of this sidecar: FernClient reads their TLS from the environment.
         raise SystemExit("fern: with --tls-cert, the in-process worker and demos connect over TLS: set "
                          "FERN_TLS_CA (and FERN_TLS_CLIENT_CERT/FERN_TLS_CLIENT_KEY with --tls-client-ca; "
@@ -518,7 +569,8 @@ async def run_sidecar(args: argparse.Namespace,
                        ("--http-port", args.http_port)):
         if port is not None and not 0 <= port <= 65535:
             raise SystemExit(f"fern: {flag} {port}: a port is 0 to 65535")
-    _check_free(args.host, args.port)
+    if not args.no_tcp:
+        _check_free(args.host, args.port)
     if args.pg_port:
         _check_free(args.pg_host or args.host, args.pg_port)
     if args.metrics_port:
@@ -533,17 +585,18 @@ async def run_sidecar(args: argparse.Namespace,
     frozen = settle_heap()
     sidecar = Sidecar(registry, host=args.host, port=args.port, tokens=security.tokens,
                       tls=security.tls, limiter=security.limiter, max_inputs=args.max_request_inputs,
-                      max_connection_age_s=args.max_connection_age or None)
+                      max_connection_age_s=args.max_connection_age or None,
+                      unix_socket=sockets.get("uds"), tcp=not args.no_tcp)
     pgwire = None
     if args.pg_port is not None:
         from sidecar.pgwire import PgWireServer
 
         pgwire = PgWireServer(sidecar.gateway, args.pg_host or args.host, args.pg_port,
                               security.tokens.values(), ssl_context=security.ssl_context(),
-                              require_tls=args.pg_require_tls)
+                              require_tls=args.pg_require_tls, socket_dir=sockets.get("pg_socket_dir"))
         sidecar.extras.append(pgwire)
     http = None
-    if args.http_port is not None:
+    if args.http_port is not None or args.http_uds:
         from sidecar.http.server import HttpServer
 
         tls = security.tls
@@ -553,7 +606,7 @@ async def run_sidecar(args: argparse.Namespace,
                           max_body_bytes=args.http_max_body_bytes, grace=args.grace,
                           ssl_certfile=str(tls.cert_file) if tls else None, ssl_keyfile=str(tls.key_file) if tls else None,
                           ssl_ca_certs=str(tls.client_ca_file) if tls and tls.client_ca_file else None,
-                          require_client_cert=bool(tls and tls.client_ca_file))
+                          require_client_cert=bool(tls and tls.client_ca_file), uds=sockets.get("http_uds"))
         sidecar.extras.append(http)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -571,8 +624,10 @@ async def run_sidecar(args: argparse.Namespace,
     except OSError as error:
         await registry.drain()
         raise SystemExit(f"fern: {error}") from None
-    if http is not None:
+    if http is not None and http.url:
         print(f"fern: HTTP on {http.url}", file=sys.stderr, flush=True)
+    if http is not None and http.uds is not None:
+        print(f"fern: HTTP on unix:{http.uds.path}", file=sys.stderr, flush=True)
     metrics = None
     if args.metrics_port is not None:
         from sidecar.metrics import MetricsServer
@@ -600,6 +655,11 @@ async def run_sidecar(args: argparse.Namespace,
     for extra in sidecar.extras:
         if hasattr(extra, "port"):
             print(f"fern: Postgres endpoint on {extra.host}:{extra.port}", file=sys.stderr, flush=True)
+    if pgwire is not None and pgwire.unix_socket is not None:
+        print(f"fern: Postgres endpoint on unix:{pgwire.unix_socket.path} (libpq: host={pgwire.socket_dir.path} "
+              f"port={pgwire.port})", file=sys.stderr, flush=True)
+    if sidecar.unix_socket is not None:
+        print(f"fern: gRPC on {sidecar.unix_socket.address}", file=sys.stderr, flush=True)
     status = 0
     if after_start is not None:
         job = asyncio.ensure_future(asyncio.to_thread(after_start, sidecar.target))

@@ -29,13 +29,14 @@ from google.protobuf.message import DecodeError
 from grpc_reflection.v1alpha import reflection
 
 from core_engine.config import ModelSpec
-from sidecar import balancing, encodings
+from sidecar import balancing, encodings, unixsocket
 from sidecar.errors import INPUT_INDEX_KEY, EmbedError, invalid_argument, unavailable
 from sidecar.gateway import LOOP_ROWS, EmbedParams, EmbedResult, Gateway
 from sidecar.registry import Registry
 from sidecar.requestlog import RequestLogInterceptor
 from sidecar.scheduler import Lane
 from sidecar.security import AuthLimiter, TlsSettings, TokenSet, peer_address
+from sidecar.unixsocket import UnixSocket
 from sidecar.wire import embedder_pb2 as pb
 from sidecar.wire import embedder_pb2_grpc as pb_grpc
 
@@ -514,6 +515,19 @@ def _denied(response_streaming: bool, limiter: AuthLimiter) -> grpc.RpcMethodHan
     return make(deny)
 
 
+def _bind_unix(server: grpc.aio.Server, spec: UnixSocket) -> int:
+    """Add `spec`'s socket file to `server` (plaintext: the file's permissions guard it); its inode."""
+    unixsocket.claim(spec.path)
+    with unixsocket.owner_only():
+        try:
+            bound = server.add_insecure_port(spec.address)
+        except RuntimeError:  # grpc's "Failed to bind"
+            bound = 0
+    if bound == 0:
+        raise OSError(f"could not bind gRPC on {spec.address}")
+    return unixsocket.secure(spec)
+
+
 def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
     """The gRPC server options a Sidecar runs with (tools/profiling/grpc_floor.py measures them alone)."""
     return [("grpc.max_send_message_length", max_message_bytes),
@@ -536,6 +550,10 @@ class Sidecar:
     `tls` serves TLS (mutual when it has a client CA). `extras` are other front ends
     sharing the gateway (objects with async start()/stop(), e.g. the Postgres-protocol
     endpoint); they start after the gRPC server and stop first on drain.
+
+    `unix_socket` also listens on a socket file (plaintext: the file's mode and group decide who
+    may connect; tokens still apply), removed on stop; `tcp=False` (with `unix_socket`) listens on
+    no TCP port, and `.target` is then the socket's "unix:/path".
     """
 
     def __init__(self, registry: Registry, *, host: str = "127.0.0.1", port: int = 50051,
@@ -543,8 +561,14 @@ class Sidecar:
                  tls: TlsSettings | None = None, limiter: AuthLimiter | None = None,
                  max_message_bytes: int = MAX_MESSAGE_BYTES,
                  stream_window: int = STREAM_WINDOW, max_inputs: int | None = None,
-                 max_connection_age_s: float | None = None) -> None:
+                 max_connection_age_s: float | None = None,
+                 unix_socket: UnixSocket | None = None, tcp: bool = True) -> None:
+        if not tcp and unix_socket is None:
+            raise ValueError("a sidecar without TCP needs a Unix socket to listen on")
         self.registry = registry
+        self.unix_socket = unix_socket
+        self.tcp = tcp
+        self._socket_inode: int | None = None
         self._max_connection_age_s = max_connection_age_s
         self.host = host
         self.port = port
@@ -563,8 +587,21 @@ class Sidecar:
 
     @property
     def target(self) -> str:
+        """The address clients use: "host:port", or "unix:/path" when there is no TCP listener."""
+        if not self.tcp:
+            return self.unix_socket.address
+        return self._tcp_target
+
+    @property
+    def _tcp_target(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
+
+    @property
+    def addresses(self) -> list[str]:
+        """Every address the gRPC server listens on."""
+        return [*([self._tcp_target] if self.tcp else []),
+                *([self.unix_socket.address] if self.unix_socket is not None else [])]
 
     async def start(self) -> None:
         """Start the schedulers, bind and start the server, then report SERVING."""
@@ -576,26 +613,34 @@ class Sidecar:
         add_embedder(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         enable_reflection(server)
+        if self.tcp:
+            try:
+                if self.tls is None:
+                    bound = server.add_insecure_port(self._tcp_target)
+                else:
+                    bound = server.add_secure_port(self._tcp_target, self.tls.grpc_credentials())
+            except RuntimeError:  # grpc's "Failed to bind"
+                bound = 0
+            if bound == 0:
+                raise OSError(f"could not bind {self._tcp_target} (port in use, or not an "
+                              "address of this host?)")
+            self.port = bound
+        if self.unix_socket is not None:
+            self._socket_inode = _bind_unix(server, self.unix_socket)
         try:
-            if self.tls is None:
-                bound = server.add_insecure_port(self.target)
-            else:
-                bound = server.add_secure_port(self.target, self.tls.grpc_credentials())
-        except RuntimeError:  # grpc's "Failed to bind"
-            bound = 0
-        if bound == 0:
-            raise OSError(f"could not bind {self.target} (port in use, or not an "
-                          "address of this host?)")
-        self.port = bound
-        await server.start()
-        self._server = server
-        for extra in self.extras:
-            await extra.start()
+            await server.start()
+            self._server = server
+            for extra in self.extras:
+                await extra.start()
+        except BaseException:  # a door that failed to start: leave no socket file behind
+            if self.unix_socket is not None:
+                unixsocket.remove(self.unix_socket.path, self._socket_inode)
+            raise
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("fern sidecar serving %s on %s%s", ", ".join(s.name for s in self.gateway.models()),
-                 self.target, "" if self.tls is None else " (TLS, client certificates required)"
-                 if self.tls.mutual else " (TLS)")
+                 ", ".join(self.addresses), "" if self.tls is None or not self.tcp
+                 else " (TLS, client certificates required)" if self.tls.mutual else " (TLS)")
 
     async def stop(self, grace: float = DEFAULT_GRACE_S) -> None:
         """Drain and stop: NOT_SERVING, refuse new calls, finish calls in flight, close."""
@@ -613,6 +658,8 @@ class Sidecar:
         if self._server is not None:
             # Calls still running now are cancelled, which drops their queued work.
             await self._server.stop(0)
+        if self.unix_socket is not None:
+            unixsocket.remove(self.unix_socket.path, self._socket_inode)
         await self.registry.drain()
         self.registry.close()
         self._stopped.set()

@@ -20,7 +20,7 @@ from sidecar.client import FernClient
 # "fern: serving all-MiniLM-L6-v2 on 127.0.0.1:40123 (cpu)" is what `fern serve` prints when up.
 _SERVING = re.compile(r"^fern: serving .* on (\S+) \(")
 _PG_ENDPOINT = re.compile(r"^fern: Postgres endpoint on (\S+):(\d+)")
-_HTTP = re.compile(r"^fern: HTTP on (\S+)")
+_HTTP = re.compile(r"^fern: HTTP on (https?://\S+)")  # the TCP listener, not a socket file
 START_TIMEOUT_S = 120.0
 
 

@@ -7,6 +7,7 @@ import hmac
 import ipaddress
 import logging
 import secrets
+import socket
 import ssl
 import struct
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from sidecar.pgwire.framing import (ADMIN_SHUTDOWN, CANCEL_REQUEST, DEFAULT_MAX_
                                     negotiate_protocol_version, parameter_status, parse_startup,
                                     read_message, read_startup, ready_for_query)
 from sidecar.pgwire.session import Session, check_client_encoding
+from sidecar.unixsocket import UnixSocket, bind, remove
 
 log = logging.getLogger("sidecar.pgwire")
 
@@ -59,12 +61,17 @@ class PgWireServer:
     TLS when the context requires client certificates); `require_tls=True` refuses
     plaintext startups with 28000. `auth_limiter.failures_total` / `.refusals_total` /
     `.refused_peers` are the failed-authentication counters.
+
+    `socket_dir` (a `UnixSocket` whose path is a directory, giving the mode and group) also
+    listens at DIR/.s.PGSQL.<port>, PostgreSQL's own name, so libpq's `host=DIR port=N` reaches
+    it. libpq never asks for TLS on a Unix socket, so `require_tls` holds for TCP only there.
     """
 
     def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int = 0,
                  password: str | Sequence[str] = "", *, max_connections: int | None = None,
                  max_message_bytes: int | None = None, limits: PgWireLimits | None = None,
-                 ssl_context: ssl.SSLContext | None = None, require_tls: bool = False) -> None:
+                 ssl_context: ssl.SSLContext | None = None, require_tls: bool = False,
+                 socket_dir: UnixSocket | None = None) -> None:
         if require_tls and ssl_context is None:
             raise ValueError("the Postgres endpoint cannot require TLS without a certificate "
                              "(ssl_context)")
@@ -82,7 +89,11 @@ class PgWireServer:
         self.auth_limiter = FailedAuthLimiter(limits.auth)
         self._verifiers = ScramVerifier.for_passwords(
             [password] if isinstance(password, str) else list(password))
+        self.socket_dir = socket_dir
+        self.unix_socket: UnixSocket | None = None  # the socket file, once started
         self._server: asyncio.Server | None = None
+        self._unix_server: asyncio.Server | None = None
+        self._socket_inode: int | None = None
         self._sessions: dict[int, Session] = {}
         self._handlers: set[asyncio.Task] = set()
         self._unauthenticated = 0
@@ -113,6 +124,17 @@ class PgWireServer:
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("Postgres endpoint listening on %s:%d (TLS %s)", self.host, self.port,
                  "required" if self.require_tls else "offered" if self.ssl_context else "off")
+        if self.socket_dir is not None:
+            spec = self.socket_dir.with_path(self.socket_dir.path / f".s.PGSQL.{self.port}")
+            try:
+                sock, self._socket_inode = bind(spec)
+                self._unix_server = await asyncio.start_unix_server(self._handle, sock=sock, limit=1 << 16)
+            except BaseException:
+                self._server.close()
+                remove(spec.path, self._socket_inode)
+                raise
+            self.unix_socket = spec
+            log.info("Postgres endpoint listening on %s", spec.path)
 
     async def stop(self, grace: float = 5.0) -> None:
         """Stop listening, let queries in flight finish for `grace` seconds, then close all."""
@@ -120,6 +142,9 @@ class PgWireServer:
             return
         self._draining = True
         self._server.close()
+        if self._unix_server is not None:
+            self._unix_server.close()
+            remove(self.unix_socket.path, self._socket_inode)
         busy = [s.task for s in self._sessions.values() if s.task is not None]
         log.info("Postgres endpoint draining: %d queries in flight get %.0f s", len(busy), grace)
         if busy:
@@ -137,6 +162,9 @@ class PgWireServer:
             await asyncio.wait(list(self._handlers), timeout=grace)
         await self._server.wait_closed()
         self._server = None
+        if self._unix_server is not None:
+            await self._unix_server.wait_closed()
+            self._unix_server = None
 
     # ---- connection lifecycle ----
 
@@ -210,7 +238,7 @@ class PgWireServer:
             raise ProtocolError(
                 "0A000", f"unsupported frontend protocol {startup.major}.{startup.minor}: "
                          "server supports 3.0")
-        if self.require_tls and not encrypted:
+        if self.require_tls and not encrypted and not _is_local(writer):
             raise ProtocolError(INVALID_AUTHORIZATION, "Fern's SQL endpoint requires TLS: "
                                 "connect with sslmode=require (or verify-full)")
         params = startup.parameters
@@ -312,11 +340,17 @@ class PgWireServer:
                 session.task.cancel()
 
 
+def _is_local(writer: asyncio.StreamWriter) -> bool:
+    """Whether the connection came through the Unix socket (its file's permissions admitted it)."""
+    sock = writer.get_extra_info("socket")
+    return sock is not None and sock.family == socket.AF_UNIX
+
+
 def _peer_of(writer: asyncio.StreamWriter) -> str:
     """The client's IP address, the unit the failed-authentication limit counts (IPv4-mapped
     IPv6 addresses read as IPv4)."""
     name = writer.get_extra_info("peername")
-    if not name:
+    if not name or isinstance(name, str):  # a Unix socket's peer: a path, or none
         return "local"
     address = ipaddress.ip_address(name[0].split("%", 1)[0])
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
