@@ -498,7 +498,7 @@ def _warn_exposure(args: argparse.Namespace, security: DoorSecurity) -> None:
     if args.insecure:
         return
     has_tls, has_token = security.tls is not None, bool(security.tokens)
-    listeners = [("gRPC", args.host, has_tls, has_token)]
+    listeners = [] if getattr(args, "no_tcp", False) else [("gRPC", args.host, has_tls, has_token)]
     if args.pg_port is not None:
         listeners.append(("the Postgres endpoint", args.pg_host or args.host, has_tls, has_token))
     if args.http_port is not None:
