@@ -635,6 +635,7 @@ async def run_sidecar(args: argparse.Namespace,
         metrics = MetricsServer(registry, args.host, args.metrics_port, ssl_context=security.ssl_context(),
                                 tokens=security.metrics_tokens,
                                 limiter=security.limiter if security.tokens else None,
+                                pg_limiter=pgwire.auth_limiter if pgwire is not None else None,
                                 extras=[http.metrics] if http is not None else [])
         try:
             await metrics.start()

@@ -280,17 +280,21 @@ class MetricsServer:
 
     `ssl_context` serves HTTPS (a server-side context: mutual TLS when it requires client
     certificates); a non-empty `tokens` requires `Authorization: Bearer <token>`. The
-    failed-auth `limiter`'s counters and those of `extras` are part of the exposition.
+    failed-auth `limiter`'s counters (door="grpc"), the Postgres endpoint's `pg_limiter`'s
+    (door="pgwire") and those of `extras` are part of the exposition.
     """
 
     def __init__(self, models: Iterable[ServedModel], host: str = "127.0.0.1", port: int = 0, *,
                  ssl_context: ssl.SSLContext | None = None, tokens: TokenSet | None = None,
-                 limiter: AuthLimiter | None = None, extras: Iterable[Collector] = ()) -> None:
+                 limiter: AuthLimiter | None = None, pg_limiter: object | None = None,
+                 extras: Iterable[Collector] = ()) -> None:
         import uvicorn  # loaded only where the door is open
 
         from sidecar.inloop import InLoopServer
 
         collectors = list(extras) + ([LimiterCollector(limiter)] if limiter is not None else [])
+        if pg_limiter is not None:  # the Postgres endpoint's own limiter (SCRAM failures), door="pgwire"
+            collectors.append(LimiterCollector(pg_limiter, "pgwire"))
         self.app = MetricsApp(build_registry(models, collectors), tokens or TokenSet())
         self.host = host
         self.port = port

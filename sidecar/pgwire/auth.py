@@ -147,6 +147,7 @@ class FailedAuthLimiter:
         self._peers: OrderedDict[str, _Peer] = OrderedDict()
         self.failures_total = 0
         self.refusals_total = 0
+        self.held = 0  # failed authentications waiting out their back-off now (the server counts them)
 
     def refused_for(self, peer: str) -> float:
         """Seconds this peer is still refused for (0: it may try); counts a refusal."""
@@ -186,3 +187,15 @@ class FailedAuthLimiter:
         """How many peers are being refused now (a gauge)."""
         now = self._clock()
         return sum(1 for p in self._peers.values() if p.refused_until > now)
+
+    # The names sidecar.metrics' auth families read, shared with the gRPC and HTTP doors' limiter.
+    @property
+    def refused_total(self) -> int:
+        return self.refusals_total
+
+    def locked_addresses(self) -> int:
+        return self.refused_peers
+
+    @property
+    def held_calls(self) -> int:
+        return self.held

@@ -322,7 +322,11 @@ class PgWireServer:
                             "authentications", peer, self.limits.auth.refuse_s,
                             self.limits.auth.refuse_after)
             if delay:
-                await asyncio.sleep(delay)  # the back-off: a guesser waits before each answer
+                self.auth_limiter.held += 1
+                try:
+                    await asyncio.sleep(delay)  # the back-off: a guesser waits before each answer
+                finally:
+                    self.auth_limiter.held -= 1
             raise ProtocolError(INVALID_PASSWORD,
                                 f'password authentication failed for user "{user}"') from None
         self.auth_limiter.succeeded(peer)

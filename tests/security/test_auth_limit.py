@@ -115,3 +115,26 @@ def test_penalize_holds_then_refuses():
     first, held, refused = asyncio.run(three())
     assert first is None and held is None and "too many failed authentications" in refused
     assert limiter.failures_total == 3 and limiter.refused_total == 1 and limiter._held == 0
+
+
+def test_the_postgres_endpoints_failed_logins_are_on_metrics_by_door(sidecar_process_class, metrics_url):
+    import psycopg
+    from prometheus_client.parser import text_string_to_metric_families
+
+    token = "pgwire-metrics-token-0123456789"
+    with sidecar_process_class(["--token", token, "--pg-port", "0", "--metrics-port", "0"]) as process:
+        for _ in range(2):
+            try:
+                psycopg.connect(host="127.0.0.1", port=process.pg_port, user="fern", dbname="fern",
+                                password="wrong", sslmode="disable", connect_timeout=30).close()
+            except psycopg.OperationalError as error:
+                assert "password authentication failed" in str(error)
+            else:
+                raise AssertionError("a wrong password was accepted")
+        text = urllib.request.urlopen(metrics_url(process), timeout=30).read().decode()
+    value = {(sample.name, sample.labels["door"]): sample.value
+             for family in text_string_to_metric_families(text) if family.name.startswith("fern_auth_")
+             for sample in family.samples if "door" in sample.labels}
+    assert value[("fern_auth_failures_total", "pgwire")] == 2
+    assert value[("fern_auth_failures_total", "grpc")] == 0
+    assert value[("fern_auth_locked_addresses", "pgwire")] == 0
