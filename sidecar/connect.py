@@ -5,7 +5,7 @@
     with FernClient(**client_kwargs(args)) as client: ...
 
 This module imports nothing of gRPC, so building a parser leaves gRPC unloaded. Each flag
-has an environment twin (FERN_TARGET, FERN_TOKEN, FERN_TOKEN_FILE, FERN_TLS_CA,
+has an environment twin (FERN_TARGET, FERN_TOKEN, FERN_TOKEN_FILE, FERN_TLS, FERN_TLS_CA,
 FERN_TLS_CLIENT_CERT, FERN_TLS_CLIENT_KEY, FERN_TLS_SERVER_NAME).
 """
 
@@ -25,17 +25,21 @@ def _env(name: str) -> str | None:
 def add_connection_args(p: argparse.ArgumentParser) -> None:
     """--target, --token / --token-file and the --tls-… flags, with their environment twins."""
     p.add_argument("--target", default=_env("TARGET") or DEFAULT_TARGET,
-                   help="the running sidecar's address (env FERN_TARGET; default %(default)s)")
+                   help="the running sidecar's address HOST:PORT or unix:PATH; several as a comma "
+                        "list, or dns:///NAME:PORT, are balanced round robin (env FERN_TARGET; "
+                        "default %(default)s)")
     p.add_argument("--token", default=_env("TOKEN"),
-                   help="shared secret sent as 'authorization: Bearer …' (env FERN_TOKEN; prefer "
-                        "--token-file or the variable: a flag is readable in /proc/PID/cmdline)")
+                   help="shared secret sent as 'authorization: Bearer …' (env FERN_TOKEN; a flag is "
+                        "readable by local users in /proc/PID/cmdline: prefer the variable or a token file)")
     p.add_argument("--token-file", default=_env("TOKEN_FILE"),
                    help="read the token from this file's first token line (env FERN_TOKEN_FILE)")
     p.add_argument("--tls-ca", default=_env("TLS_CA"),
                    help="connect over TLS, trusting this CA (PEM) for the sidecar's certificate "
                         "(env FERN_TLS_CA)")
-    p.add_argument("--tls", action="store_true", default=False,
-                   help="connect over TLS trusting the system's CAs (implied by any --tls-… flag)")
+    p.add_argument("--tls", action="store_true",
+                   default=(_env("TLS") or "0").lower() not in ("0", "false", "no"),
+                   help="connect over TLS trusting the system's CAs (implied by any --tls-… flag; "
+                        "env FERN_TLS=1)")
     p.add_argument("--tls-client-cert", default=_env("TLS_CLIENT_CERT"),
                    help="client certificate (PEM) for a sidecar that requires one (env "
                         "FERN_TLS_CLIENT_CERT)")

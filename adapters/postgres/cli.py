@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sidecar.connect import add_connection_args, client_kwargs
+
 if TYPE_CHECKING:
     import psycopg
 
@@ -100,13 +102,7 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
                        help="libpq connection string or postgresql:// URI (env FERN_PG_DSN)")
 
     def sidecar_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--target", default=_env("FERN_TARGET"),
-                       help="the sidecar's gRPC address HOST:PORT, several as a comma list, or "
-                            "dns:///NAME:PORT (balanced round robin; env FERN_TARGET; default "
-                            "127.0.0.1:50051)")
-        p.add_argument("--token", default=_env("FERN_TOKEN"),
-                       help="the sidecar's token, sent as 'authorization: Bearer …' "
-                            "(env FERN_TOKEN)")
+        add_connection_args(p)
 
     p = verbs.add_parser("install", help="create or upgrade the fern schema (idempotent)")
     dsn_arg(p)
@@ -405,7 +401,7 @@ def _vectorize(args: argparse.Namespace) -> int:
     from sidecar.client import FernClient
 
     source = _source(args)
-    with _connect(args.dsn) as conn, FernClient(args.target, token=args.token) as client:
+    with _connect(args.dsn) as conn, FernClient(**client_kwargs(args)) as client:
         if args.model_change:
             v = alter_vectorizer(conn, args.table, client=client, model=args.model,
                                  target_column=args.target_column)
@@ -495,8 +491,9 @@ def _worker(args: argparse.Namespace) -> int:
     if args.progress not in choices:
         raise UserError(f"--progress {args.progress!r}: use auto, on or off (env FERN_PG_PROGRESS)")
     progress = choices[args.progress]
-    config = WorkerConfig(dsn=args.dsn, target=args.target, token=args.token,
-                          batch_size=args.batch_size, progress=progress)
+    options = client_kwargs(args)
+    config = WorkerConfig(dsn=args.dsn, target=options.pop("target"), token=options.pop("token"),
+                          client_options=options, batch_size=args.batch_size, progress=progress)
     from adapters.postgres.installer import is_installed
 
     # A wrong DSN or a missing schema is said once, up front; later losses are retried.

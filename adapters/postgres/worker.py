@@ -62,6 +62,8 @@ class WorkerConfig:
     dsn: str
     target: str | None = None
     token: str | None = None
+    # More FernClient keywords: TLS (tls_ca, tls_client_cert, tls_client_key, tls_server_name).
+    client_options: dict = field(default_factory=dict)
     batch_size: int = 128
     # How long to sleep between passes when no NOTIFY comes (delayed retries, dead claims).
     poll_interval: float = 2.0
@@ -135,7 +137,7 @@ class Worker:
 
     def __init__(self, config: WorkerConfig, client: FernClient | None = None):
         self.config = config
-        self.client = client or FernClient(config.target, token=config.token)
+        self.client = client or FernClient(config.target, token=config.token, **config.client_options)
         self._own_client = client is None
         self.stats = WorkerStats()
         self._stopping = threading.Event()

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from sidecar.connect import add_connection_args, client_kwargs
+
 PROG = "fern qdrant ingest"
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -70,13 +72,7 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
     ingest.add_argument("--prompt", default=_env("PROMPT"),
                         help="prompt name for the records, e.g. passage (env FERN_PROMPT; "
                              "default: none)")
-    ingest.add_argument("--target", default=_env("TARGET"),
-                        help="the running sidecar's address HOST:PORT, several as a comma list, "
-                             "or dns:///NAME:PORT (balanced round robin; env FERN_TARGET; "
-                             "default 127.0.0.1:50051)")
-    ingest.add_argument("--token", default=_env("TOKEN"),
-                        help="the sidecar's shared secret, sent as 'authorization: Bearer …' "
-                             "(env FERN_TOKEN)")
+    add_connection_args(ingest)
     ingest.add_argument("--timeout", default=_env("TIMEOUT", str(DEFAULT_TIMEOUT_S)),
                         help="seconds to wait for the sidecar's first answer; the ingest "
                              f"itself has no deadline (env FERN_TIMEOUT; default {DEFAULT_TIMEOUT_S:g})")
@@ -160,7 +156,7 @@ def _ingest(args: argparse.Namespace) -> Any:
 
     settings = _settings(args)
     with _open_input(args.file) as (stream, source):
-        fern = FernClient(args.target, token=args.token)
+        fern = FernClient(**client_kwargs(args))
         try:
             _check_sidecar(fern, args.model_name, settings.timeout)
             client = _open_qdrant(args.qdrant, args.api_key, fern)

@@ -7,6 +7,7 @@ import json
 import os
 import ssl
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 
@@ -114,3 +115,21 @@ def test_the_client_cli_flags_reach_a_tls_sidecar(mtls_sidecar, pki, fern_cli):
                                   "FERN_TLS_CLIENT_CERT": str(pki.client_cert),
                                   "FERN_TLS_CLIENT_KEY": str(pki.client_key)})
     assert env_out.returncode == 0, env_out.stderr
+
+
+def test_the_adapter_clis_take_the_tls_flags(tls_sidecar, pki, tmp_path):
+    # `fern qdrant ingest` and `fern pg` reach a TLS sidecar through --tls-ca, as the client verbs do.
+    records = tmp_path / "records.jsonl"
+    records.write_text("".join(json.dumps({"id": f"r{i}", "text": f"record {i}"}) + "\n" for i in range(3)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FERN_")}
+    base = [sys.executable, "-m", "sidecar.cli", "qdrant", "ingest", str(records), "--collection", "docs",
+            "--qdrant", str(tmp_path / "q"), "--target", tls_sidecar.target, "--token", TOKEN]
+    done = subprocess.run([*base, "--tls-ca", str(pki.ca)], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "ingested 3 rows into 'docs'" in done.stdout
+    plaintext = subprocess.run(base, capture_output=True, text=True, env=env, timeout=120)
+    assert plaintext.returncode != 0
+    help_text = subprocess.run([sys.executable, "-m", "sidecar.cli", "pg", "worker", "--help"],
+                               capture_output=True, text=True, env=env, timeout=60).stdout
+    for flag in ("--tls-ca", "--tls-client-cert", "--tls-client-key", "--tls-server-name", "--token-file"):
+        assert flag in help_text, flag
