@@ -467,14 +467,14 @@ def settle_heap() -> int:
 
 def door_security(args: argparse.Namespace) -> DoorSecurity:
     """TLS settings, tokens and the failed-auth limiter from `fern serve`'s flags, shared by every door."""
-    from sidecar.security import DoorSecurity, TlsSettings, TokenSet
+    from sidecar.security import DoorSecurity, ServerTls, TlsSettings, TokenSet
 
     tls = None
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):
             raise SystemExit("fern: TLS needs both --tls-cert and --tls-key")
         try:
-            tls = TlsSettings.from_files(args.tls_cert, args.tls_key, args.tls_client_ca)
+            tls = ServerTls(TlsSettings.from_files(args.tls_cert, args.tls_key, args.tls_client_ca))
         except ValueError as error:
             raise SystemExit(f"fern: {error}") from None
     elif args.tls_client_ca:
@@ -599,21 +599,18 @@ async def run_sidecar(args: argparse.Namespace,
     if args.http_port is not None or args.http_uds:
         from sidecar.http.server import HttpServer
 
-        tls = security.tls
         http = HttpServer(sidecar.gateway, args.http_host or args.host, args.http_port,
                           authorized=security.tokens.check_bearer if security.tokens else None,
                           limiter=security.limiter if security.tokens else None,
                           max_body_bytes=args.http_max_body_bytes, grace=args.grace,
-                          ssl_certfile=str(tls.cert_file) if tls else None, ssl_keyfile=str(tls.key_file) if tls else None,
-                          ssl_ca_certs=str(tls.client_ca_file) if tls and tls.client_ca_file else None,
-                          require_client_cert=bool(tls and tls.client_ca_file), uds=sockets.get("http_uds"))
+                          ssl_context=security.ssl_context(), uds=sockets.get("http_uds"))
         sidecar.extras.append(http)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    def reload_tokens() -> None:  # SIGHUP: token rotation without a restart
+    def reload_tokens() -> None:  # SIGHUP: token and certificate rotation without a restart
         security.reload()
         if pgwire is not None:
             pgwire.set_passwords(security.tokens.values())

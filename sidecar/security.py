@@ -97,6 +97,56 @@ class TlsSettings:
         return context
 
 
+class ServerTls:
+    """The sidecar's certificate as every door serves it, re-read by `reload()` (SIGHUP).
+
+    The HTTP, Postgres-protocol and metrics doors share one `ssl.SSLContext`, whose certificate
+    is replaced in place; gRPC's credentials ask at each new handshake whether a newer one was
+    loaded. Connections already open keep the certificate they were made with. A reload whose
+    files do not load (missing, mismatched key) keeps the certificate being served.
+    """
+
+    def __init__(self, settings: TlsSettings) -> None:
+        self.settings = settings
+        self._context = settings.server_ssl_context()
+        self._generation = 0  # bumped by each reload; gRPC's fetcher compares it with what it served
+        self._served = 0
+
+    # The TlsSettings attributes the doors read.
+    mutual = property(lambda self: self.settings.mutual)
+    cert_file = property(lambda self: self.settings.cert_file)
+    key_file = property(lambda self: self.settings.key_file)
+    client_ca_file = property(lambda self: self.settings.client_ca_file)
+
+    def server_ssl_context(self) -> ssl.SSLContext:
+        return self._context
+
+    def grpc_credentials(self) -> grpc.ServerCredentials:
+        def fetch():  # gRPC calls it before each new handshake; None keeps what it has
+            if self._served == self._generation:
+                return None
+            self._served = self._generation
+            return self._grpc_config()
+
+        return grpc.dynamic_ssl_server_credentials(self._grpc_config(), fetch,
+                                                   require_client_authentication=self.mutual)
+
+    def _grpc_config(self):
+        settings = self.settings
+        return grpc.ssl_server_certificate_configuration([(settings.private_key, settings.cert_chain)],
+                                                         root_certificates=settings.client_ca)
+
+    def reload(self) -> None:
+        """Read the same files again; raises ValueError (naming the file) and keeps the old ones if they fail."""
+        old = self.settings
+        new = TlsSettings.from_files(old.cert_file, old.key_file, old.client_ca_file)
+        self._context.load_cert_chain(new.cert_file, new.key_file)
+        if new.client_ca is not None:  # added to the trusted CAs; removing one takes a restart
+            self._context.load_verify_locations(cadata=new.client_ca.decode())
+        self.settings = new
+        self._generation += 1
+
+
 @dataclass(frozen=True)
 class ClientTls:
     """What a client trusts (`ca_file`; None: the system's roots) and the certificate it shows, if any."""
@@ -409,7 +459,7 @@ class DoorSecurity:
     (None without TLS); `reload()` is what SIGHUP does.
     """
 
-    tls: TlsSettings | None = None
+    tls: ServerTls | None = None
     tokens: TokenSet = field(default_factory=TokenSet)
     limiter: AuthLimiter = field(default_factory=AuthLimiter)
     metrics_tokens: TokenSet = field(default_factory=TokenSet)
@@ -418,5 +468,13 @@ class DoorSecurity:
         return None if self.tls is None else self.tls.server_ssl_context()
 
     def reload(self) -> None:
+        """Tokens, then the certificate; a certificate that does not load is logged and the old one kept."""
         self.tokens.reload()
         self.metrics_tokens.reload()
+        if self.tls is not None:
+            try:
+                self.tls.reload()
+            except (ValueError, ssl.SSLError) as error:
+                log.error("SIGHUP: the certificate was not reloaded, the old one is still served: %s", error)
+            else:
+                log.info("SIGHUP: certificate reloaded from %s", self.tls.cert_file)

@@ -33,6 +33,8 @@ class HttpServer:
 
     TLS: `ssl_certfile` + `ssl_keyfile` serve HTTPS; `ssl_ca_certs` with
     `require_client_cert` asks every client for a certificate signed by that CA (mutual TLS).
+    Or `ssl_context`, a server-side context built elsewhere (`fern serve` shares one among its
+    doors, so a certificate reloaded on SIGHUP reaches them all).
     `metrics` counts every answered request (give it to the MetricsServer to export it).
     `uds` also serves on a socket file (plaintext: its mode and group decide who connects;
     tokens still apply); `port=None` with `uds` serves on no TCP port.
@@ -43,7 +45,7 @@ class HttpServer:
                  grace: float = DEFAULT_GRACE_S, ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
                  ssl_ca_certs: str | None = None, require_client_cert: bool = False,
                  metrics: HttpMetrics | None = None, limiter: AuthLimiter | None = None,
-                 uds: UnixSocket | None = None) -> None:
+                 uds: UnixSocket | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
         if port is None and uds is None:
             raise ValueError("the HTTP door needs a port or a Unix socket to listen on")
         if require_client_cert and not ssl_ca_certs:
@@ -66,13 +68,14 @@ class HttpServer:
             self.app, host=host, port=port or 0, **self._listener_settings, ssl_certfile=ssl_certfile,
             ssl_keyfile=ssl_keyfile, ssl_ca_certs=ssl_ca_certs,
             ssl_cert_reqs=ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_NONE)
-        self._server = InLoopServer(self._config, "HTTP") if port is not None else None
+        self._ssl_context = ssl_context
+        self._server = InLoopServer(self._config, "HTTP", ssl_context=ssl_context) if port is not None else None
         self._unix_server: InLoopServer | None = None
         self._unix_socket = None
 
     @property
     def scheme(self) -> str:
-        return "https" if self._config.ssl_certfile else "http"
+        return "https" if self._config.ssl_certfile or self._ssl_context is not None else "http"
 
     @property
     def url(self) -> str:
