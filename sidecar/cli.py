@@ -593,7 +593,8 @@ async def run_sidecar(args: argparse.Namespace,
 
         pgwire = PgWireServer(sidecar.gateway, args.pg_host or args.host, args.pg_port,
                               security.tokens.values(), ssl_context=security.ssl_context(),
-                              require_tls=args.pg_require_tls, socket_dir=sockets.get("pg_socket_dir"))
+                              require_tls=args.pg_require_tls, socket_dir=sockets.get("pg_socket_dir"),
+                              certificate=security.tls.certificate_pem if security.tls else None)
         sidecar.extras.append(pgwire)
     http = None
     if args.http_port is not None or args.http_uds:

@@ -121,6 +121,10 @@ class ServerTls:
     def server_ssl_context(self) -> ssl.SSLContext:
         return self._context
 
+    def certificate_pem(self) -> str:
+        """The served certificate chain (PEM): the Postgres endpoint binds SCRAM to its first certificate."""
+        return self.settings.cert_chain.decode()
+
     def grpc_credentials(self) -> grpc.ServerCredentials:
         def fetch():  # gRPC calls it before each new handshake; None keeps what it has
             if self._served == self._generation:

@@ -12,6 +12,11 @@ import scramp
 
 SCRAM_ITERATIONS = 4096               # PostgreSQL's default scram_iterations
 _MECHANISM = scramp.ScramMechanism("SCRAM-SHA-256")
+# With channel binding (RFC 5929's tls-server-end-point, what PostgreSQL and libpq use): the
+# proof also signs the hash of the certificate this server showed, so a man in the middle who
+# terminates TLS with another certificate cannot relay the exchange.
+_MECHANISM_PLUS = scramp.ScramMechanism("SCRAM-SHA-256-PLUS")
+CHANNEL_BINDING = "tls-server-end-point"
 
 
 class AuthenticationFailed(Exception):
@@ -50,21 +55,23 @@ class ScramExchange:
     client-final -> server-final; the proof is checked by scramp, in constant time.
 
     With several verifiers (tokens being rotated) the proof is checked against each, all
-    of them every time, and any one that matches admits the client."""
-
-    mechanism = "SCRAM-SHA-256"
+    of them every time, and any one that matches admits the client. `certificate` (the PEM of
+    the certificate the TLS connection showed) makes it SCRAM-SHA-256-PLUS, bound to it."""
 
     def __init__(self, verifiers: ScramVerifier | Sequence[ScramVerifier],
-                 nonce: str | None = None) -> None:
+                 nonce: str | None = None, *, certificate: str | None = None) -> None:
         if isinstance(verifiers, ScramVerifier):
             verifiers = (verifiers,)
         if not verifiers or len({(v.salt, v.iterations) for v in verifiers}) != 1:
             raise ValueError("a SCRAM exchange needs verifiers that share one salt")
         nonce = nonce or base64.b64encode(secrets.token_bytes(18)).decode()
+        self.mechanism = "SCRAM-SHA-256-PLUS" if certificate else "SCRAM-SHA-256"
+        mechanism = _MECHANISM_PLUS if certificate else _MECHANISM
+        binding = (CHANNEL_BINDING, certificate) if certificate else None
         self._servers = [
-            _MECHANISM.make_server(
+            mechanism.make_server(
                 lambda _user, v=v: (v.salt, v.stored_key, v.server_key, v.iterations),
-                s_nonce=nonce)
+                channel_binding=binding, s_nonce=nonce)
             for v in verifiers]
 
     def server_first(self, client_first: bytes) -> bytes:

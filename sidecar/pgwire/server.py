@@ -10,7 +10,7 @@ import secrets
 import socket
 import ssl
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sidecar.gateway import Gateway
@@ -71,7 +71,7 @@ class PgWireServer:
                  password: str | Sequence[str] = "", *, max_connections: int | None = None,
                  max_message_bytes: int | None = None, limits: PgWireLimits | None = None,
                  ssl_context: ssl.SSLContext | None = None, require_tls: bool = False,
-                 socket_dir: UnixSocket | None = None) -> None:
+                 socket_dir: UnixSocket | None = None, certificate: Callable[[], str] | None = None) -> None:
         if require_tls and ssl_context is None:
             raise ValueError("the Postgres endpoint cannot require TLS without a certificate "
                              "(ssl_context)")
@@ -85,6 +85,7 @@ class PgWireServer:
         self.port = port
         self.limits = limits
         self.ssl_context = ssl_context
+        self.certificate = certificate  # the served certificate's PEM now: TLS sessions offer SCRAM-SHA-256-PLUS
         self.require_tls = require_tls
         self.auth_limiter = FailedAuthLimiter(limits.auth)
         self._verifiers = ScramVerifier.for_passwords(
@@ -293,17 +294,26 @@ class PgWireServer:
 
     async def _authenticate(self, user: str, peer: str, reader: asyncio.StreamReader,
                             writer: asyncio.StreamWriter) -> None:
-        exchange = ScramExchange(self._verifiers)
-        writer.write(authentication(10, cstring(exchange.mechanism) + b"\0"))
+        certificate = None
+        if self.certificate is not None and writer.get_extra_info("ssl_object") is not None:
+            certificate = self.certificate()
+        mechanisms = (["SCRAM-SHA-256-PLUS"] if certificate else []) + ["SCRAM-SHA-256"]
+        writer.write(authentication(10, b"".join(cstring(m) for m in mechanisms) + b"\0"))
         await writer.drain()
         tag, body = await read_message(reader, MAX_STARTUP_BYTES)
         if tag != b"p":
             raise ProtocolError(PROTOCOL_VIOLATION,
                                 f"expected SASL response, got message type {tag!r}")
         mechanism, _, rest = body.partition(b"\0")
-        if mechanism.decode("utf-8", "replace") != exchange.mechanism or len(rest) < 4:
+        chosen = mechanism.decode("utf-8", "replace")
+        if chosen not in mechanisms or len(rest) < 4:
             raise ProtocolError(PROTOCOL_VIOLATION, "client selected an invalid SASL "
                                 "authentication mechanism")
+        # "y": the client could bind but believes this server cannot; with PLUS offered, that is
+        # a downgrade by someone in the middle (RFC 5802 section 6), refused as PostgreSQL does.
+        if certificate and chosen == "SCRAM-SHA-256" and rest[4:6] == b"y,":
+            raise ProtocolError(PROTOCOL_VIOLATION, "SCRAM channel binding negotiation error")
+        exchange = ScramExchange(self._verifiers, certificate=certificate if chosen.endswith("-PLUS") else None)
         size, = struct.unpack("!i", rest[:4])
         try:
             writer.write(authentication(11, exchange.server_first(rest[4:4 + max(size, 0)])))

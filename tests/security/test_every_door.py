@@ -48,6 +48,8 @@ def _https_vector(process, pki, token: str) -> np.ndarray:
 def _pg_vector(process, pki, token: str, sslmode: str = "verify-full") -> np.ndarray:
     dsn = (f"host=127.0.0.1 port={process.pg_port} user=fern dbname=fern password={token} "
            f"sslmode={sslmode} sslrootcert={pki.ca} connect_timeout=10")
+    if sslmode != "disable":  # over TLS the SCRAM exchange is bound to the sidecar's certificate
+        dsn += " channel_binding=require"
     with psycopg.connect(dsn, autocommit=True) as conn:
         text = conn.execute("SELECT embed('a door test')").fetchone()[0]
     return np.asarray([float(x) for x in text.strip("[]").split(",")])

@@ -152,3 +152,33 @@ def test_without_a_certificate_the_ssl_request_is_declined(endpoint, pem):
         assert s.recv(1) == b"N"
     with pytest.raises(psycopg.OperationalError, match="server does not support SSL"):
         psycopg.connect(dsn(server.port, sslmode="require"))
+
+
+def _bound_context(ca: trustme.CA) -> tuple[ssl.SSLContext, str]:
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(context)
+    return context, cert.cert_chain_pems[0].bytes().decode()
+
+
+def test_scram_is_bound_to_the_tls_channel_when_the_client_asks(endpoint, ca, pem):
+    context, certificate = _bound_context(ca)
+    bound = endpoint(ssl_context=context, certificate=lambda: certificate)
+    # libpq's channel_binding=require: SCRAM-SHA-256-PLUS over the certificate this TLS session showed.
+    with psycopg.connect(dsn(bound.port, sslmode="verify-full", sslrootcert=pem["ca.pem"],
+                             channel_binding="require"), autocommit=True) as conn:
+        assert conn.pgconn.ssl_in_use and embeds(conn)
+    # The default (prefer) binds too; a wrong password is still refused.
+    with psycopg.connect(dsn(bound.port, sslmode="verify-full", sslrootcert=pem["ca.pem"]), autocommit=True) as conn:
+        assert embeds(conn)
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(dsn(bound.port, sslmode="require", channel_binding="require", password="not the token"))
+    # A certificate other than the one the session showed: the binding does not verify.
+    _, stranger = _bound_context(ca)
+    mismatched = endpoint(ssl_context=context, certificate=lambda: stranger)
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(dsn(mismatched.port, sslmode="require", channel_binding="require"))
+    # Without a certificate to bind to, a client that requires binding refuses the server.
+    unbound = endpoint(ssl_context=server_context(ca))
+    with pytest.raises(psycopg.OperationalError, match="channel binding"):
+        psycopg.connect(dsn(unbound.port, sslmode="require", channel_binding="require"))
