@@ -172,7 +172,19 @@ class Gateway:
             sequences = self._check_token_ids(token_ids, spec, params.truncate, tokenizer)
             if params.return_sparse:
                 sparse_ids = [list(ids) for ids in token_ids]
+        self._check_fits(sequences, served, params.lane)
         return PreparedRequest(params, served, sequences, dimensions, normalize, sparse_ids)
+
+    @staticmethod
+    def _check_fits(sequences: list[list[int]], served: ServedModel, lane: Lane) -> None:
+        """A sequence longer than the lane's whole queue could never be admitted: refused now,
+        naming it, instead of a queue-full answer that would have its client retry forever."""
+        bound = served.scheduler.config.bound(lane)
+        for i, seq in enumerate(sequences):
+            if len(seq) > bound:
+                raise invalid_argument(
+                    f"texts[{i}]: {len(seq)} tokens exceeds the {lane.name} lane's queue of {bound} tokens, "
+                    f"so it never fits: truncate it shorter or raise --max-queued-tokens-{lane.name.lower()}", i)
 
     async def wait_for_room(self, prepared: PreparedRequest) -> None:
         """Wait until the lane can queue the request's first chunk (stream flow control)."""

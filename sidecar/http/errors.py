@@ -72,7 +72,7 @@ def from_embed_error(error: EmbedError, field: str) -> HttpError:
         param = match.group(1) if match else None
         if param == "request":
             param = field
-        too_long = "exceeds the model's limit" in message
+        too_long = "exceeds the model's limit" in message or "so it never fits" in message
         return HttpError(413 if too_long else 400, message, param=param,
                          code="input_too_long" if too_long else "invalid_value",
                          error_type="empty" if message.endswith("empty text") else "validation")

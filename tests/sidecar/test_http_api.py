@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.client import FernClient
+from tests.sidecar.lane_holder import batch_lane_held, until_refused
 
 TOKEN = "api-s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
@@ -148,15 +149,33 @@ def test_health_is_open_and_the_rest_is_not(address):
     assert call(address, "GET", "/v1/models", headers={})[0] == 401
 
 
-def test_queue_full_is_429_with_retry_after(address):
-    status, answer, response = call(address, "POST", "/v1/embeddings", {"input": "word " * 80},
+def test_queue_full_is_429_with_retry_after(address, served):
+    fits = "word " * 20  # fits the empty 64-token lane, not one that bulk work holds
+
+    def refused(path: str, body: dict, headers: dict = AUTH):
+        status, answer, response = call(address, "POST", path, body, headers=headers)
+        return (answer, response) if status == 429 else None
+
+    with batch_lane_held(served.target, TOKEN) as holder:
+        answer, response = until_refused(holder, lambda: refused("/v1/embeddings", {"input": fits},
+                                                                 {**AUTH, "X-Fern-Lane": "batch"}))
+        assert response.getheader("retry-after") == "1"
+        assert "BATCH lane" in answer["error"]["message"] and answer["error"]["type"] == "rate_limit_error"
+        answer, _ = until_refused(holder, lambda: refused("/embed", {"inputs": fits, "lane": "batch"}))
+        assert answer["error_type"] == "overloaded"
+    status, _, _ = call(address, "POST", "/v1/embeddings", {"input": fits, "lane": "batch"})
+    assert status == 200  # the same lane takes it once there is room
+
+
+def test_a_text_longer_than_the_whole_lane_is_413_not_429(address):
+    # Retrying could never help: the answer says so and names the input, and no Retry-After invites it.
+    status, answer, response = call(address, "POST", "/v1/embeddings", {"input": ["ok", "word " * 80]},
                                     headers={**AUTH, "X-Fern-Lane": "batch"})
-    assert status == 429 and response.getheader("retry-after") == "1"
-    assert "BATCH lane" in answer["error"]["message"] and answer["error"]["type"] == "rate_limit_error"
-    status, answer, _ = call(address, "POST", "/embed", {"inputs": "word " * 80, "truncate": True, "lane": "batch"})
-    assert status == 429 and answer["error_type"] == "overloaded"
-    status, _, _ = call(address, "POST", "/v1/embeddings", {"input": "a short one", "lane": "batch"})
-    assert status == 200  # the same lane takes what fits
+    assert status == 413 and response.getheader("retry-after") is None
+    assert answer["error"]["message"].startswith("input[1]: 82 tokens exceeds the BATCH lane's queue of 64")
+    assert "never fits" in answer["error"]["message"]
+    status, answer, _ = call(address, "POST", "/embed", {"inputs": "word " * 80, "lane": "batch"})
+    assert status == 413 and "never fits" in answer["error"]
 
 
 BAD_TEI = [
@@ -247,10 +266,10 @@ def test_metrics_count_http_requests_by_route_status_and_lane(address, served):
     before = scrape()
     assert call(address, "POST", "/v1/embeddings", {"input": "counted"})[0] == 200
     assert call(address, "POST", "/embed", {"inputs": "word " * 80, "truncate": True},
-                headers={**AUTH, "X-Fern-Lane": "batch"})[0] == 429
+                headers={**AUTH, "X-Fern-Lane": "batch"})[0] == 413
     after = scrape()
     ok = ("fern_http_requests_total", ("lane", "online"), ("route", "/v1/embeddings"), ("status", "200"))
-    full = ("fern_http_requests_total", ("lane", "batch"), ("route", "/embed"), ("status", "429"))
+    full = ("fern_http_requests_total", ("lane", "batch"), ("route", "/embed"), ("status", "413"))
     assert after[ok] == before.get(ok, 0) + 1 and after[full] == before.get(full, 0) + 1
     count = ("fern_http_request_seconds_count", ("route", "/embed"))
     assert after[count] == before.get(count, 0) + 1

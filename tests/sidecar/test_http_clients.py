@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from sidecar.client import FernClient
+from tests.sidecar.lane_holder import batch_lane_held, until_refused
 
 openai = pytest.importorskip("openai")
 
@@ -80,9 +81,20 @@ def test_openai_sdk_typed_errors(sdk, served):
     with pytest.raises(openai.NotFoundError) as missing:
         sdk.embeddings.create(input="x", model="text-embedding-3-small")
     assert "text-embedding-3-small" in missing.value.message and MODEL in missing.value.message
-    with pytest.raises(openai.RateLimitError) as full:  # 80+ tokens cannot fit a 64-token BATCH lane
+    with pytest.raises(openai.APIStatusError) as never:  # 82 tokens can never fit a 64-token BATCH lane
         sdk.embeddings.create(input="word " * 80, model=MODEL, extra_headers={"X-Fern-Lane": "batch"})
-    assert "BATCH" in full.value.message and full.value.response.headers["retry-after"] == "1"
+    assert never.value.status_code == 413 and "never fits" in never.value.message
+    # A text that fits the lane, sent while bulk work holds it: RateLimitError with Retry-After.
+    def refused():
+        try:
+            sdk.embeddings.create(input="word " * 20, model=MODEL, extra_headers={"X-Fern-Lane": "batch"})
+        except openai.RateLimitError as error:
+            return error
+        return None
+
+    with batch_lane_held(served.target, TOKEN) as holder:
+        full = until_refused(holder, refused)
+    assert "BATCH" in full.message and full.response.headers["retry-after"] == "1"
     with openai.OpenAI(base_url=served.http_url + "/v1", api_key="wrong", max_retries=0) as stranger:
         with pytest.raises(openai.AuthenticationError):
             stranger.embeddings.create(input="x", model=MODEL)

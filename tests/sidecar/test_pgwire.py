@@ -19,11 +19,12 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from sidecar.client import FernClient
+from tests.sidecar.lane_holder import batch_lane_held, until_refused
 
 TOKEN = "pg-endpoint-secret"
 
 
-# The BATCH lane's queue holds BATCH_QUEUE_TOKENS, so one long text there is RESOURCE_EXHAUSTED.
+# The BATCH lane's queue holds BATCH_QUEUE_TOKENS: one longer text never fits it.
 BATCH_QUEUE_TOKENS = 200
 
 
@@ -150,10 +151,26 @@ def test_refusals_carry_sqlstates_and_the_connection_stays_usable(pg, query, sql
     assert_usable(pg)
 
 
-def test_a_full_queue_is_53400(pg):
-    long_text = "words " * 250                   # more tokens than the BATCH queue holds
-    error = sqlstate_of(pg, f"SELECT embed('{long_text}', '', 'lane=batch')")
+def test_a_full_queue_is_53400(pg, sidecar):
+    text = "words " * 120  # fits the empty 200-token BATCH queue, not one a stream holds
+
+    def refused():
+        try:
+            pg.execute(f"SELECT embed('{text}', '', 'lane=batch')").fetchone()
+        except psycopg.Error as error:
+            return error
+        return None
+
+    with batch_lane_held(sidecar.target, TOKEN) as holder:
+        error = until_refused(holder, refused)
     assert error.sqlstate == "53400" and "queue" in error.diag.message_primary
+    assert_usable(pg)
+
+
+def test_a_text_longer_than_the_whole_queue_is_refused_as_a_bad_value(pg):
+    long_text = "words " * 250  # more tokens than the BATCH queue holds: retrying could never help
+    error = sqlstate_of(pg, f"SELECT embed('{long_text}', '', 'lane=batch')")
+    assert error.sqlstate == "22023" and "never fits" in error.diag.message_primary
     assert_usable(pg)
 
 
@@ -524,3 +541,15 @@ def test_drain_refuses_new_queries_with_57p03_then_ends_sessions(sidecar_process
         assert own.process.wait(60) == 0
         for conn in (busy, idle):
             conn.close()
+
+
+def test_over_grpc_a_text_that_never_fits_is_invalid_argument_naming_it(grpc_client):
+    import grpc
+
+    from sidecar.client import FernError
+
+    with pytest.raises(FernError) as info:
+        grpc_client.embed(["fits", "words " * 250], lane="batch")
+    # Not RESOURCE_EXHAUSTED: a balanced client would retry that on every sidecar, in vain.
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and info.value.index == 1
+    assert info.value.message.startswith("texts[1]: 252 tokens exceeds the BATCH lane's queue of 200 tokens")
