@@ -120,16 +120,19 @@ class RequestLogInterceptor(grpc.aio.ServerInterceptor):
     """
 
     def __init__(self) -> None:
-        self._wrapped: dict[int, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self._wrapped: dict[tuple[int, str], tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(self, continuation: Callable[..., Awaitable],
                                 details: grpc.HandlerCallDetails):
         handler = await continuation(details)
         if handler is None or not details.method.startswith(LOGGED_SERVICE):
             return handler
-        cached = self._wrapped.get(id(handler))  # the same handler object comes back for every call
+        # The same handler object comes back for every call of a method; a refusal's handler is
+        # shared by every method, hence the method in the key.
+        key = (id(handler), details.method)
+        cached = self._wrapped.get(key)
         if cached is None or cached[0] is not handler:
-            cached = self._wrapped[id(handler)] = (handler, _wrap(handler, details.method.rsplit("/", 1)[1]))
+            cached = self._wrapped[key] = (handler, _wrap(handler, details.method.rsplit("/", 1)[1]))
         return cached[1]
 
 
@@ -181,6 +184,22 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
                                               error=message, peer=peer))
 
         return grpc.stream_stream_rpc_method_handler(stream, **options)
+    if handler.request_streaming:
+        # A unary method answered without reading its request: TokenAuth's refusal, which is a
+        # stream-unary handler so that a wrong-token body is never read.
+        refuse = handler.stream_unary
+
+        async def refused(request_iterator, context):
+            started = time.perf_counter()
+            try:
+                return await refuse(request_iterator, context)
+            except BaseException as error:
+                status, message = _status(context, error)
+                log_request(RequestRecord("grpc", method, status, (time.perf_counter() - started) * 1000, "",
+                                          error=message, peer=context.peer()))
+                raise
+
+        return grpc.stream_unary_rpc_method_handler(refused, **options)
     return handler  # no other shapes in fern.v1.Embedder
 
 

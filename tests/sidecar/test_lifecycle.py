@@ -52,12 +52,14 @@ def test_token_is_required_except_for_health(small_sidecar):
         assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
     with FernClient(small_sidecar.target, token=TOKEN) as good:
         assert good.embed(["with the token"]).vectors.shape == (1, 384)
-    # A refused stream is a WARNING of the request log (at the default level).
+    # Each refused call, unary or stream, is a WARNING of the request log (at the default level).
     deadline = time.monotonic() + 30
-    line = "WARNING fern.requests: door=grpc method=EmbedStream status=UNAUTHENTICATED"
-    while line not in small_sidecar.log() and time.monotonic() < deadline:
+    lines = [f"WARNING fern.requests: door=grpc method={method} status=UNAUTHENTICATED"
+             for method in ("Embed", "EmbedStream", "ListModels")]
+    while not all(line in small_sidecar.log() for line in lines) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert line in small_sidecar.log(), small_sidecar.log()[-3000:]
+    for line in lines:
+        assert line in small_sidecar.log(), (line, small_sidecar.log()[-3000:])
 
 
 def test_full_online_queue_is_resource_exhausted_and_the_server_recovers(small_sidecar):
