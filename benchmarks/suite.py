@@ -200,7 +200,7 @@ def _settled_heap():
     tokenizer-only pass at 0.76 M among 3.5 M). The sidecar freezes its start-up heap, so such
     a stall is the harness's, not Fern's. Unfrozen on the way out, so the models can be freed.
     """
-    from sidecar.cli import settle_heap
+    from sidecar.serve import settle_heap
 
     settle_heap()
     try:

@@ -6,7 +6,8 @@ import ssl
 
 import pytest
 
-from sidecar.cli import build_parser, door_security
+from sidecar.cli import build_parser
+from sidecar.serve import door_security
 from sidecar.security import ClientTls, TlsSettings, TokenSet
 
 

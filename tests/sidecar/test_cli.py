@@ -222,7 +222,8 @@ def test_serve_says_where_start_up_went(sidecar_process):
 
 def test_serving_switches_reach_the_scheduler_and_the_tokenizer_memo(monkeypatch):
     from core_engine.settings import SidecarConfig
-    from sidecar.cli import _scheduler_config, build_parser
+    from sidecar.cli import build_parser
+    from sidecar.serve import _scheduler_config
 
     settings = SidecarConfig.from_env({"FERN_LAUNCH_ON_ARRIVAL": "0", "FERN_ONLINE_POLL_MS": "0",
                                        "FERN_TOKEN_MEMO_CHUNKS": "7", "RAYON_NUM_THREADS": "3"})

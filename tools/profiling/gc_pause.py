@@ -3,7 +3,7 @@
 CPython's collector walks every tracked object in a full (oldest-generation) collection,
 and it does so on whichever thread allocated last: in the sidecar, usually the event loop,
 so every request in flight waits. `fern serve` collects once after loading the models and
-freezes what is left (`sidecar.cli.settle_heap`); this measures what that buys.
+freezes what is left (`sidecar.serve.settle_heap`); this measures what that buys.
 
 In one process, loaded as `fern serve` loads (the bundled model unless --model says
 otherwise): the tracked objects and the wall time of `gc.collect()` (median of --repeats)
@@ -50,7 +50,7 @@ async def _queries(registry, count: int) -> None:
 
 
 def run(model: str | None, device: str, queries: int, repeats: int) -> dict[str, Any]:
-    from sidecar.cli import settle_heap
+    from sidecar.serve import settle_heap
     from core_engine.settings import SidecarConfig
     from sidecar.registry import ModelSource, Registry
 
