@@ -11,7 +11,6 @@ root we run it as an unprivileged user (`fern-postgres`, created with useradd wh
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import pwd
@@ -98,20 +97,15 @@ def _unreachable_parent(path: Path) -> Path | None:
     return None
 
 
-def _die_with_parent_hook():
-    """A preexec function asking Linux to send SIGINT (fast shutdown) when our process dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)  # loaded before fork: the child only calls it
-    parent = os.getpid()
-    pr_set_pdeathsig = 1
+def _with_parent_death_signal(args: list[str]) -> list[str]:
+    """`args` run so that Linux sends the server SIGINT (fast shutdown) when our process dies.
 
-    def hook() -> None:
-        libc.prctl(pr_set_pdeathsig, int(signal.SIGINT), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the call took effect
-            os._exit(1)
-
-    return hook
+    Through util-linux's `setpriv --pdeathsig`, which execs the server with the setting in
+    place; not a `preexec_fn`, which runs Python between fork and exec, unsafe in a process
+    with other threads (gRPC's). Without setpriv the server is stopped by `stop()` alone.
+    """
+    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+    return [setpriv, "--pdeathsig", "INT", "--", *args] if setpriv else args
 
 
 class EmbeddedPostgres:
@@ -243,10 +237,9 @@ class EmbeddedPostgres:
             args += ["-c", f"{key}={value}"]
         with self.log_path.open("ab") as log:
             # Its own session: a Ctrl-C in the terminal reaches us, and we stop it in order.
-            self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log,
-                                             stderr=subprocess.STDOUT, cwd=self.root,
-                                             start_new_session=True,
-                                             preexec_fn=_die_with_parent_hook(), **self._run_as)
+            self._process = subprocess.Popen(_with_parent_death_signal(args), stdin=subprocess.DEVNULL,
+                                             stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
+                                             start_new_session=True, **self._run_as)
 
     def _wait_ready(self) -> None:
         import psycopg
