@@ -222,27 +222,16 @@ class Gateway:
             raise _scheduler_error(error, params.lane) from None
         vectors = finalize(pooled, dimensions=prepared.dimensions, normalize=prepared.normalize,
                            encoding=params.encoding, native_int8=served.spec.native_int8)
-        sparse = None
-        if prepared.sparse_ids is not None:
-            special = served.tokenizer.special_ids
-            if len(prepared.sparse_ids) > LOOP_ROWS:  # ~50 us a text: off the loop, which keeps answering
-                sparse = await asyncio.to_thread(_sparse_vectors, prepared.sparse_ids, special)
-            else:
-                sparse = _sparse_vectors(prepared.sparse_ids, special)
         return EmbedResult(model=served.spec.name, vectors=vectors, dimensions=prepared.dimensions,
-                           encoding=params.encoding,
-                           token_counts=[len(s) for s in prepared.sequences], sparse=sparse)
+                           encoding=params.encoding, token_counts=[len(s) for s in prepared.sequences],
+                           sparse=await _sparse(prepared))
 
     @staticmethod
     async def _sparse_only(prepared: PreparedRequest) -> EmbedResult:
-        served, ids = prepared.served, prepared.sparse_ids
-        special = served.tokenizer.special_ids
-        if len(ids) > LOOP_ROWS:  # ~50 us a text: off the loop, which keeps answering
-            sparse = await asyncio.to_thread(_sparse_vectors, ids, special)
-        else:
-            sparse = _sparse_vectors(ids, special)
-        return EmbedResult(model=served.spec.name, vectors=np.zeros((len(ids), 0), np.float32),
-                           dimensions=0, encoding="float32", token_counts=[len(i) for i in ids], sparse=sparse)
+        ids = prepared.sparse_ids
+        return EmbedResult(model=prepared.served.spec.name, vectors=np.zeros((len(ids), 0), np.float32),
+                           dimensions=0, encoding="float32", token_counts=[len(i) for i in ids],
+                           sparse=await _sparse(prepared))
 
     @staticmethod
     async def _embed_chunks(prepared: PreparedRequest, chunks: list[slice],
@@ -325,6 +314,17 @@ class Gateway:
 
 def _sparse_vectors(sparse_ids: list[list[int]], special: frozenset[int]) -> list[tuple[np.ndarray, np.ndarray]]:
     return [sparse_vector(ids, special) for ids in sparse_ids]
+
+
+async def _sparse(prepared: PreparedRequest) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """The request's sparse vectors (None when it asked for none)."""
+    ids = prepared.sparse_ids
+    if ids is None:
+        return None
+    special = prepared.served.tokenizer.special_ids
+    if len(ids) > LOOP_ROWS:  # ~50 us a text: off the loop, which keeps answering
+        return await asyncio.to_thread(_sparse_vectors, ids, special)
+    return _sparse_vectors(ids, special)
 
 
 def _scheduler_error(error: Exception, lane: Lane) -> EmbedError:
