@@ -20,12 +20,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
-from sidecar.flags import STARTED as _STARTED  # noqa: F401 - first: start-up is counted from here
 from sidecar.flags import env as _env
 from sidecar.flags import env_bool as _env_bool
 from sidecar.flags import env_int as _env_int
 from sidecar.flags import env_models as _env_models
-from sidecar.extras import EXTRAS, import_if_installed, missing_module_message  # noqa: F401 - cli's API too
+from sidecar.extras import import_if_installed, missing_module_message
 from sidecar.serve import SCHEDULER_KNOBS, load_registry, run_sidecar
 
 DEFAULT_HOST = "127.0.0.1"
