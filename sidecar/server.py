@@ -653,11 +653,15 @@ class Sidecar:
         for extra in reversed(self.extras):
             await extra.stop()
         self.service.begin_drain()
-        if not await self.service.wait_idle(grace):
-            log.warning("calls still running after %.1fs of drain; cancelling them", grace)
         if self._server is not None:
-            # Calls still running now are cancelled, which drops their queued work.
-            await self._server.stop(0)
+            # gRPC's own shutdown: new calls are refused (clients retry them elsewhere), and every
+            # call it has accepted gets `grace` to finish, including those not yet in a handler
+            # (held by the auth back-off, or with a body still arriving), which the service's own
+            # count cannot see. Calls still running after it are cancelled, dropping queued work.
+            shutdown = asyncio.ensure_future(self._server.stop(grace))
+            if not await self.service.wait_idle(grace):
+                log.warning("calls still running after %.1fs of drain; cancelling them", grace)
+            await shutdown
         if self.unix_socket is not None:
             unixsocket.remove(self.unix_socket.path, self._socket_inode)
         await self.registry.drain()

@@ -93,3 +93,28 @@ def test_wait_idle_with_no_grace_is_true_when_nothing_is_in_flight():
         assert await service.wait_idle(0.01) is True
 
     asyncio.run(main())
+
+
+def test_a_call_not_yet_in_its_handler_is_answered_not_cancelled(registry):
+    """The drain waits for every call gRPC has accepted, not only those already in the Embed handler.
+
+    A wrong-token call held for its back-off sits in the auth interceptor, where the service's
+    own count of calls in flight cannot see it (as does a call whose body is still arriving).
+    Draining must answer it, UNAUTHENTICATED after its back-off, rather than cancel it.
+    """
+    from sidecar.security import AuthLimiter, LimiterConfig
+
+    async def main():
+        limiter = AuthLimiter(LimiterConfig(free_failures=0, base_delay_s=1.0, max_delay_s=1.0))
+        sidecar = Sidecar(registry, port=0, token="drain-suite-token", limiter=limiter)
+        await sidecar.start()
+        async with AsyncFernClient(sidecar.target, token="wrong", timeout=60) as client:
+            held = asyncio.create_task(client.embed(["held for its back-off"]))
+            while limiter.held_calls == 0:
+                await asyncio.sleep(0.01)
+            await asyncio.wait_for(sidecar.stop(grace=30), 30)
+            with pytest.raises(FernError) as info:
+                await held
+        return info.value.code
+
+    assert asyncio.run(main()) == grpc.StatusCode.UNAUTHENTICATED
