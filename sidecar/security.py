@@ -309,8 +309,9 @@ class LimiterConfig:
     max_delay_s: float = 1.0
     lockout_after: int = 20       # failures from an address before it is refused at once
     lockout_s: float = 60.0       # quiet time after which an address's failures are forgotten
-    # A held call costs what gRPC buffers of its body meanwhile, its flow-control window (20-35 MiB
-    # seen for a 64 MB Embed), so few are held: beyond these, the answer comes at once.
+    # A held call costs what gRPC buffers of its body meanwhile, its receive window (a fixed
+    # 1 MiB, sidecar.server.RECEIVE_WINDOW_BYTES), so few are held: beyond these, the answer
+    # comes at once.
     max_held_per_address: int = 2 # wrong-token calls of one address held at once
     max_held: int = 16            # wrong-token calls held at once, all addresses together
 
