@@ -127,6 +127,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-request-inputs", type=int, default=_env_int("MAX_REQUEST_INPUTS", None),
                    help="inputs one Embed call may carry (env FERN_MAX_REQUEST_INPUTS; "
                         "default 8192; bigger jobs belong on EmbedStream)")
+    p.add_argument("--sparse-language", default=_env("SPARSE_LANGUAGE", "english"),
+                   help="language of the BM25 sparse vectors: its stopwords and stemmer "
+                        "(env FERN_SPARSE_LANGUAGE; default %(default)s; docs/qdrant.md lists them)")
     p.add_argument("--grace", type=float, default=float(_env("GRACE", "30")),
                    help="seconds calls in flight get to finish on SIGTERM (env FERN_GRACE)")
     p.add_argument("--max-connection-age", type=float, default=float(_env("MAX_CONNECTION_AGE", "0")),
@@ -219,6 +222,10 @@ def _embed_options(p: argparse.ArgumentParser) -> None:
                         "(env FERN_NO_TRUNCATE=1)")
     p.add_argument("--sparse", action="store_true", default=_env_bool("SPARSE"),
                    help="also print sparse lexical vectors (env FERN_SPARSE=1)")
+    p.add_argument("--sparse-language", default=_env("SPARSE_LANGUAGE"),
+                   help="with --local: language of the BM25 sparse vectors (env "
+                        "FERN_SPARSE_LANGUAGE; default english); a running sidecar uses its own "
+                        "`fern serve --sparse-language`")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -481,13 +488,14 @@ def _warn_truncated(model: str, max_tokens: int, truncated: list[bool]) -> None:
 def _local_embed(args: argparse.Namespace, texts: list[str]) -> tuple[dict, int]:
     """Embed in this process; returns what `fern embed` prints and the model's max_tokens."""
     from sidecar.gateway import EmbedParams, Gateway
+    from sidecar.lexical import DEFAULT_LANGUAGE
     from sidecar.scheduler import Lane
 
     async def run() -> tuple[dict, int]:
         registry = await asyncio.to_thread(load_registry, args)  # a bad --model-dir: main() says which
         await registry.start()
         try:
-            gateway = Gateway(registry)
+            gateway = Gateway(registry, sparse_language=args.sparse_language or DEFAULT_LANGUAGE)
             r = await gateway.embed(EmbedParams(
                 texts=texts, model=args.model_name, lane=Lane[args.lane.upper()],
                 prompt_name=args.prompt or "", normalize=args.normalize,
@@ -510,6 +518,18 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from sidecar.errors import EmbedError
 
     texts = read_texts(args)
+    if args.sparse_language and not args.local:
+        print("fern embed: --sparse-language needs --local: a running sidecar makes its sparse "
+              "vectors in its own `fern serve --sparse-language`", file=sys.stderr)
+        return 1
+    if args.sparse_language:
+        from sidecar.lexical import UnknownLanguage, check_language
+
+        try:
+            check_language(args.sparse_language)
+        except UnknownLanguage as error:
+            print(f"fern embed: --sparse-language: {error}", file=sys.stderr)
+            return 1
     try:
         if args.local:
             out, max_tokens = _local_embed(args, texts)

@@ -28,7 +28,8 @@ from sidecar import encodings
 from sidecar.errors import EmbedError, deadline_exceeded, invalid_argument, resource_exhausted, unavailable
 from sidecar.registry import Registry, ServedModel
 from sidecar.scheduler import DeadlineExceeded, Draining, Lane, QueueFull
-from sidecar.sparse import sparse_vector
+from sidecar.lexical import DEFAULT_LANGUAGE, UnknownLanguage, check_language
+from sidecar.sparse import is_query, sparse_vectors
 from sidecar.tokenize import TextTokenizer
 
 ENCODINGS = encodings.NAMES
@@ -61,7 +62,8 @@ class EmbedParams:
     `prompt_name` "" the model's default prompt; `normalize` None the model's default;
     `dimensions` 0 the full dimension; `deadline` is a time.monotonic() instant or None.
     `dense=False` (with `return_sparse`) answers the sparse vectors alone: they come from the
-    tokenizer, so no engine step runs and `vectors` has no columns.
+    text, so no engine step runs and `vectors` has no columns. `sparse_language` is the
+    language of the BM25 sparse vectors ("" the gateway's default).
     """
 
     texts: Sequence[str] = ()
@@ -76,6 +78,7 @@ class EmbedParams:
     return_sparse: bool = False
     dense: bool = True
     deadline: float | None = None
+    sparse_language: str = ""
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,9 @@ class PreparedRequest:
     dimensions: int
     normalize: bool
     sparse_ids: list[list[int]] | None = field(default=None, repr=False)
+    # The texts the sparse vectors are made from (None: the request asked for none).
+    sparse_texts: list[str] | None = field(default=None, repr=False)
+    sparse_language: str = DEFAULT_LANGUAGE
 
     @property
     def tokens(self) -> int:
@@ -110,8 +116,9 @@ class Gateway:
     """Front door to the engines: `await gateway.embed(EmbedParams(texts=[...]))`."""
 
     def __init__(self, registry: Registry, *, max_inputs: int = MAX_INPUTS,
-                 chunk_texts: int = CHUNK_TEXTS) -> None:
+                 chunk_texts: int = CHUNK_TEXTS, sparse_language: str = DEFAULT_LANGUAGE) -> None:
         self.registry = registry
+        self.sparse_language = check_language(sparse_language)
         self.max_inputs = max_inputs
         self.chunk_texts = chunk_texts
         self.draining = False
@@ -150,6 +157,7 @@ class Gateway:
                 "split it or use EmbedStream")
         tokenizer = served.tokenizer
         sparse_ids = None
+        language = self._sparse_language(params)
         if len(texts):
             for i, text in enumerate(texts):
                 if not text:
@@ -157,23 +165,31 @@ class Gateway:
                 if _VISIBLE(text) is None:
                     raise invalid_argument(f"texts[{i}]: empty text (only whitespace, control or "
                                            "zero-width characters)", i)
-            if not params.dense:  # sparse alone: the plain texts' ids are all there is to compute
+            sparse_texts = list(texts) if params.return_sparse else None
+            if not params.dense:  # sparse alone: the plain texts' ids give the token counts
                 sparse_ids = await tokenizer.encode_plain_async(list(texts))
-                return PreparedRequest(params, served, [], dimensions, normalize, sparse_ids)
+                return PreparedRequest(params, served, [], dimensions, normalize, sparse_ids,
+                                       sparse_texts, language)
             prompt = self._prompt_text(params.prompt_name, spec)
             templated = [prompt + t for t in texts] if prompt else list(texts)
-            dense = tokenizer.encode_async(templated, truncate=params.truncate)
-            if params.return_sparse:
-                sequences, sparse_ids = await asyncio.gather(
-                    dense, tokenizer.encode_plain_async(list(texts)))
-            else:
-                sequences = await dense
+            sequences = await tokenizer.encode_async(templated, truncate=params.truncate)
         else:
             sequences = self._check_token_ids(token_ids, spec, params.truncate, tokenizer)
-            if params.return_sparse:
+            sparse_texts = None
+            if params.return_sparse:  # the words of pre-tokenized input are its ids decoded
                 sparse_ids = [list(ids) for ids in token_ids]
+                sparse_texts = tokenizer.core.full.decode_batch(sparse_ids, skip_special_tokens=True)
         self._check_fits(sequences, served, params.lane)
-        return PreparedRequest(params, served, sequences, dimensions, normalize, sparse_ids)
+        return PreparedRequest(params, served, sequences, dimensions, normalize, sparse_ids,
+                               sparse_texts, language)
+
+    def _sparse_language(self, params: EmbedParams) -> str:
+        if not params.sparse_language:
+            return self.sparse_language
+        try:
+            return check_language(params.sparse_language)
+        except UnknownLanguage as error:
+            raise invalid_argument(f"sparse_language: {error}") from None
 
     @staticmethod
     def _check_fits(sequences: list[list[int]], served: ServedModel, lane: Lane) -> None:
@@ -312,19 +328,18 @@ class Gateway:
         return sequences
 
 
-def _sparse_vectors(sparse_ids: list[list[int]], special: frozenset[int]) -> list[tuple[np.ndarray, np.ndarray]]:
-    return [sparse_vector(ids, special) for ids in sparse_ids]
-
-
 async def _sparse(prepared: PreparedRequest) -> list[tuple[np.ndarray, np.ndarray]] | None:
-    """The request's sparse vectors (None when it asked for none)."""
-    ids = prepared.sparse_ids
-    if ids is None:
+    """The request's sparse vectors (None when it asked for none).
+
+    The one dispatch point for sparse encoders: a model with a learned sparse head answers
+    through it here; every other model gets BM25 lexical vectors of the request's texts."""
+    texts = prepared.sparse_texts
+    if texts is None:
         return None
-    special = prepared.served.tokenizer.special_ids
-    if len(ids) > LOOP_ROWS:  # ~50 us a text: off the loop, which keeps answering
-        return await asyncio.to_thread(_sparse_vectors, ids, special)
-    return _sparse_vectors(ids, special)
+    query = is_query(prepared.params.prompt_name)
+    if len(texts) > LOOP_ROWS:  # ~20 us a short text: off the loop, which keeps answering
+        return await asyncio.to_thread(sparse_vectors, texts, language=prepared.sparse_language, query=query)
+    return sparse_vectors(texts, language=prepared.sparse_language, query=query)
 
 
 def _scheduler_error(error: Exception, lane: Lane) -> EmbedError:

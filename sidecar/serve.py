@@ -219,6 +219,13 @@ async def run_sidecar(args: argparse.Namespace,
         raise SystemExit("fern: with --tls-cert, the in-process worker and demos connect over TLS: set "
                          "FERN_TLS_CA (and FERN_TLS_CLIENT_CERT/FERN_TLS_CLIENT_KEY with --tls-client-ca; "
                          "FERN_TLS_SERVER_NAME when the certificate does not name 127.0.0.1)")
+    from sidecar.lexical import UnknownLanguage, check_language
+
+    sparse_language = getattr(args, "sparse_language", "english")
+    try:
+        check_language(sparse_language)
+    except UnknownLanguage as error:
+        raise SystemExit(f"fern: --sparse-language: {error}") from None
     if args.pg_port is not None and not args.token:
         raise SystemExit("fern: --pg-port needs --token (it is the Postgres endpoint's password)")
     if args.pg_require_tls and security.tls is None:
@@ -243,7 +250,7 @@ async def run_sidecar(args: argparse.Namespace,
     frozen = settle_heap()
     sidecar = Sidecar(registry, host=args.host, port=args.port, tokens=security.tokens,
                       tls=security.tls, limiter=security.limiter, max_inputs=args.max_request_inputs,
-                      max_connection_age_s=args.max_connection_age or None,
+                      sparse_language=sparse_language, max_connection_age_s=args.max_connection_age or None,
                       unix_socket=sockets.get("uds"), tcp=not args.no_tcp)
     pgwire = None
     if args.pg_port is not None:

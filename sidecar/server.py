@@ -31,7 +31,8 @@ from grpc_reflection.v1alpha import reflection
 from core_engine.config import ModelSpec
 from sidecar import balancing, encodings, unixsocket
 from sidecar.errors import INPUT_INDEX_KEY, EmbedError, invalid_argument, unavailable
-from sidecar.gateway import LOOP_ROWS, EmbedParams, EmbedResult, Gateway
+from sidecar.gateway import LOOP_ROWS, MAX_INPUTS, EmbedParams, EmbedResult, Gateway
+from sidecar.lexical import DEFAULT_LANGUAGE
 from sidecar.registry import Registry
 from sidecar.requestlog import RequestLogInterceptor
 from sidecar.scheduler import Lane
@@ -569,7 +570,8 @@ class Sidecar:
                  max_message_bytes: int = MAX_MESSAGE_BYTES,
                  stream_window: int = STREAM_WINDOW, max_inputs: int | None = None,
                  max_connection_age_s: float | None = None,
-                 unix_socket: UnixSocket | None = None, tcp: bool = True) -> None:
+                 unix_socket: UnixSocket | None = None, tcp: bool = True,
+                 sparse_language: str = DEFAULT_LANGUAGE) -> None:
         if not tcp and unix_socket is None:
             raise ValueError("a sidecar without TCP needs a Unix socket to listen on")
         self.registry = registry
@@ -583,7 +585,8 @@ class Sidecar:
         self.token = self.tokens.first()
         self.tls = tls
         self.limiter = limiter or AuthLimiter()
-        self.gateway = Gateway(registry) if max_inputs is None else Gateway(registry, max_inputs=max_inputs)
+        self.gateway = Gateway(registry, max_inputs=MAX_INPUTS if max_inputs is None else max_inputs,
+                               sparse_language=sparse_language)
         self.service = EmbedderService(self.gateway, stream_window=stream_window)
         self.health = health.aio.HealthServicer()
         self.extras: list = []

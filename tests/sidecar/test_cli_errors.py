@@ -136,3 +136,18 @@ def test_demo_skips_an_adapter_whose_library_is_missing_and_names_the_extra(hidi
     assert ("fern demo: qdrant: skipped: qdrant_client is not installed; this command needs the 'qdrant' "
             "extra: pip install 'fern-embed[qdrant]'") in done.stderr
     assert "Traceback" not in done.stderr and "fern: stopped" in done.stderr
+
+
+def test_an_unknown_sparse_language_names_it_and_the_known_ones():
+    line = assert_one_line_error(fern("embed", "--local", "--device", "cpu", "--sparse",
+                                      "--sparse-language", "klingon", "x"), "fern embed: --sparse-language: ")
+    assert "'klingon'" in line and "english" in line and "german" in line
+    line = assert_one_line_error(fern("serve", "--device", "cpu", "--port", "0", "--sparse-language", "elvish"),
+                                 "fern: --sparse-language: ")
+    assert "'elvish'" in line and "english" in line
+
+
+def test_sparse_language_of_a_running_sidecar_is_its_own():
+    line = assert_one_line_error(fern("embed", "--sparse", "--sparse-language", "german", "x"),
+                                 "fern embed: --sparse-language needs --local")
+    assert "fern serve --sparse-language" in line

@@ -1,51 +1,68 @@
-"""Sparse lexical vectors: BM25 saturation by hand, sorted unique indices, special tokens left out."""
+"""The sparse encoder a request gets: BM25's query form for prompt "query", its document form otherwise."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
+import pytest
 
-from sidecar.sparse import AVGDL, B, K1, SparseParams, sparse_vector
-
-
-def test_values_follow_bm25_saturation_by_hand():
-    ids = [7, 5, 7, 9, 7, 5]
-    indices, values = sparse_vector(ids)
-    assert indices.tolist() == [5, 7, 9]
-    assert indices.dtype == np.uint32 and values.dtype == np.float32
-    n = len(ids)
-    norm = K1 * (1 - B + B * n / AVGDL)
-    expected = [tf * (K1 + 1) / (tf + norm) for tf in (2, 3, 1)]
-    np.testing.assert_allclose(values, expected, rtol=1e-6)
+from sidecar.errors import EmbedError
+from sidecar.gateway import EmbedParams, Gateway
+from sidecar.lexical import Analyzer, UnknownLanguage, term_index
+from sidecar.sparse import is_query, sparse_vectors
 
 
-def test_special_tokens_are_excluded_and_do_not_count_in_length():
-    with_special = sparse_vector([101, 7, 7, 102], special_ids={101, 102})
-    without = sparse_vector([7, 7])
-    assert with_special[0].tolist() == [7]
-    np.testing.assert_array_equal(with_special[1], without[1])
+def test_query_form_has_each_term_once_with_weight_one():
+    (indices, values), = sparse_vectors(["cats and dogs and cats"], language="english", query=True)
+    assert indices.tolist() == sorted({term_index("cat"), term_index("dog")})
+    assert values.tolist() == [1.0, 1.0]
 
 
-def test_saturation_grows_with_tf_but_stays_below_k1_plus_1():
-    values = [sparse_vector([3] * tf)[1][0] for tf in (1, 2, 5, 50)]
-    assert values == sorted(values)
-    assert values[-1] < K1 + 1
+def test_document_form_is_bm25_term_frequency():
+    (indices, values), = sparse_vectors(["cats and dogs and cats"], language="english", query=False)
+    want = Analyzer.of("english").document("cats and dogs and cats")
+    np.testing.assert_array_equal(indices, want[0])
+    np.testing.assert_array_equal(values, want[1])
+    assert values[indices.tolist().index(term_index("cat"))] > values[indices.tolist().index(term_index("dog"))]
 
 
-def test_longer_documents_weigh_each_term_less():
-    short = sparse_vector([1, 2])[1][0]
-    long = sparse_vector([1] + list(range(100, 1100)))[1][0]
-    assert long < short
+def test_only_the_query_prompt_marks_a_query():
+    assert is_query("query") and not is_query("") and not is_query("passage")
 
 
-def test_params_and_empty_input():
-    indices, values = sparse_vector([101, 102], special_ids=[101, 102])
-    assert indices.size == 0 and values.size == 0
-    flat = sparse_vector([4, 4, 4], params=SparseParams(k1=0.0))
-    np.testing.assert_allclose(flat[1], [1.0])  # k1 = 0: binary presence
+def test_language_changes_stopwords_and_stemmer():
+    english, = sparse_vectors(["die Katzen"], language="english", query=True)
+    german, = sparse_vectors(["die Katzen"], language="german", query=True)
+    assert german[0].tolist() == [term_index("katz")]
+    assert term_index("die") in english[0].tolist()
 
 
-def test_deterministic():
-    ids = list(np.random.default_rng(0).integers(0, 30000, 500))
-    a, b = sparse_vector(ids), sparse_vector(list(reversed(ids)))
-    np.testing.assert_array_equal(a[0], b[0])
-    np.testing.assert_array_equal(a[1], b[1])
+@pytest.fixture(scope="module")
+def registry():
+    from sidecar.registry import ModelSource, Registry
+
+    reg = Registry.load([ModelSource(None)], device="cpu", tokenizer_workers=1)
+    yield reg
+    reg.close()
+
+
+def test_gateway_answers_sparse_alone_in_the_requested_language(registry):
+    async def run():
+        await registry.start()
+        gateway = Gateway(registry, sparse_language="german")
+        got = await gateway.embed(EmbedParams(texts=["die Katzen"], return_sparse=True, dense=False,
+                                              prompt_name="query"))
+        assert got.sparse[0][0].tolist() == [term_index("katz")]
+        english = await gateway.embed(EmbedParams(texts=["die Katzen"], return_sparse=True, dense=False,
+                                                  sparse_language="english"))
+        assert term_index("die") in english.sparse[0][0].tolist()
+        with pytest.raises(EmbedError, match=r"sparse_language: 'elvish' is not a language of the BM25"):
+            await gateway.embed(EmbedParams(texts=["x"], return_sparse=True, sparse_language="elvish"))
+        await registry.drain()
+    asyncio.run(run())
+
+
+def test_gateway_refuses_an_unknown_default_language(registry):
+    with pytest.raises(UnknownLanguage, match="'xx'"):
+        Gateway(registry, sparse_language="xx")

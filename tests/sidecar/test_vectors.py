@@ -8,7 +8,7 @@ from tokenizers import Tokenizer
 
 from core_engine.config import load_spec
 from core_engine.loader import default_model_dir
-from sidecar.sparse import sparse_vector
+from sidecar.lexical import Analyzer, term_index
 
 
 @pytest.fixture(scope="module")
@@ -107,33 +107,32 @@ def test_binary_packs_signs_first_component_high_bit(client, raw, dims):
 
 # --------------------------------------------------------------------------- sparse
 
-def test_sparse_vectors_are_bm25_term_frequencies_of_the_text_without_prompt(client):
-    texts = ["the cat sat on the mat, the end", "word " * 400, "東京 😀"]
-    got = client.embed(texts, sparse=True, prompt="query")
-    spec = load_spec(default_model_dir())
-    tok = Tokenizer.from_file(str(spec.tokenizer_path))
-    tok.no_truncation()
-    tok.no_padding()
-    special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
-    assert got.sparse is not None and len(got.sparse) == len(texts)
-    for text, sv in zip(texts, got.sparse):
-        ids = tok.encode(text, add_special_tokens=False).ids
-        indices, values = sparse_vector(ids, special)
-        np.testing.assert_array_equal(sv.indices, indices)
-        np.testing.assert_allclose(sv.values, values, rtol=1e-6)
-        assert (np.diff(sv.indices.astype(np.int64)) > 0).all()
-        assert not set(sv.indices.tolist()) & {101, 102}
-    the = tok.token_to_id("the")
-    first = dict(zip(got.sparse[0].indices.tolist(), got.sparse[0].values.tolist()))
-    cat = tok.token_to_id("cat")
-    assert first[the] > first[cat]  # "the" appears three times
-    assert len(got.sparse[1].indices) == 1  # one distinct token, all 400 kept (no truncation)
+def test_sparse_vectors_are_bm25_of_the_text_without_prompt(client):
+    texts = ["the cat sat on the mat, the cat sat", "word " * 400, "東京 😀"]
+    docs = client.embed(texts, sparse=True, prompt="passage")
+    queries = client.embed(texts, sparse=True, prompt="query")
+    analyzer = Analyzer.of("english")
+    assert docs.sparse is not None and len(docs.sparse) == len(texts)
+    for text, doc, query in zip(texts, docs.sparse, queries.sparse):
+        indices, values = analyzer.document(text)
+        np.testing.assert_array_equal(doc.indices, indices)
+        np.testing.assert_allclose(doc.values, values, rtol=1e-6)
+        np.testing.assert_array_equal(query.indices, indices)  # the same terms, each weighing 1
+        assert (query.values == 1.0).all()
+    first = dict(zip(docs.sparse[0].indices.tolist(), docs.sparse[0].values.tolist()))
+    assert term_index("the") not in first  # a stopword
+    assert first[term_index("cat")] > first[term_index("mat")]  # "cat" appears twice
+    assert len(docs.sparse[1].indices) == 1  # one distinct term, all 400 kept (no truncation)
 
 
 def test_no_sparse_unless_asked(client):
     assert client.embed(["x"]).sparse is None
 
 
-def test_sparse_for_token_ids(client):
-    got = client.embed_tokens([[101, 2773, 2773, 7592, 102]], sparse=True)
-    assert got.sparse[0].indices.tolist() == [2773, 7592]
+def test_sparse_for_token_ids_is_bm25_of_their_decoded_words(client):
+    tok = Tokenizer.from_file(str(load_spec(default_model_dir()).tokenizer_path))
+    ids = tok.encode("word word hello", add_special_tokens=True).ids
+    got = client.embed_tokens([ids], sparse=True)
+    indices, values = Analyzer.of("english").document("word word hello")
+    np.testing.assert_array_equal(got.sparse[0].indices, indices)
+    np.testing.assert_allclose(got.sparse[0].values, values, rtol=1e-6)
