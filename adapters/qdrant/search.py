@@ -12,8 +12,12 @@ from sidecar.client import Embeddings, FernClient, ModelInfo
 
 
 def query_prompt(info: ModelInfo) -> str | None:
-    """The prompt a search embeds its text with: the model's "query" prompt when it defines one."""
-    return "query" if "query" in info.prompts else None
+    """The prompt a search embeds its text with: "query", which every model accepts.
+
+    It is the model's query prompt where the model defines one (and adds no text where it
+    does not), and it asks the sidecar for BM25's query form of the sparse vector: each
+    distinct term once, so that the IDF modifier scores the documents by BM25."""
+    return "query"
 
 
 def check_search(collection: str, text: str, k: int, hybrid: bool,

@@ -104,6 +104,8 @@ def test_hybrid_search_is_one_query_with_two_prefetches_fused_by_rrf(qdrant, cor
     assert [p.using for p in query["prefetch"]] == ["dense", "sparse"]
     assert isinstance(query["prefetch"][1].query, models.SparseVector)
     assert all(p.filter == cars for p in query["prefetch"])
+    # The query's BM25 form: each distinct term once with weight 1, so the IDF modifier gives BM25.
+    assert calls[0]["prompt"] == "query" and set(query["prefetch"][1].query.values) == {1.0}
 
 
 def test_search_errors_name_the_problem(qdrant, corpus, fern, collection_name):
