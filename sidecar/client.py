@@ -121,7 +121,8 @@ def _check_text(text) -> None:
 
 @dataclass(frozen=True)
 class SparseVector:
-    """A sparse lexical vector: token ids and BM25-style saturated term frequencies."""
+    """A sparse vector: indices ascending (uint32) and their weights (float32); BM25 lexical
+    terms and saturated term frequencies for a model without a learned sparse head."""
 
     indices: np.ndarray
     values: np.ndarray

@@ -1,0 +1,42 @@
+"""The retrieval-quality benchmark's path on a tiny slice: both databases, every system, the metrics by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from benchmarks.retrieval_quality import DATA, load_set, ndcg_at, recall_at, rrf, run
+
+
+def test_metrics_by_hand():
+    relevant = frozenset({"b"})
+    assert ndcg_at(["a", "b", "c"], relevant) == pytest.approx(1 / math.log2(3))
+    assert ndcg_at(["b"], relevant) == 1.0 and ndcg_at(["a"] * 10 + ["b"], relevant) == 0.0
+    assert recall_at(["a", "b"], frozenset({"b", "z"})) == 0.5
+    assert rrf(["a", "b"], ["b", "c"]) == ["b", "a", "c"]
+
+
+def test_the_committed_set_is_whole_and_says_where_it_comes_from():
+    data = json.loads(DATA.read_text("utf-8"))
+    assert data["license"].startswith("PSF-2.0") and "CPython" in data["source"]
+    ids = {p["id"] for p in data["passages"]}
+    assert len(ids) == len(data["passages"]) >= 500
+    assert len(data["queries"]) == 300
+    assert all(set(q["relevant"]) <= ids and q["text"] for q in data["queries"])
+
+
+def test_a_slice_runs_through_qdrant_and_postgres(sidecar_target):
+    data = load_set(queries=6, passages=40)
+    assert len(data.passages) == 40 and all(q[2] <= {p for p, _ in data.passages} for q in data.queries)
+    results = run(data, sidecar_target)
+    assert set(results["qdrant"]) == {"dense", "bm25", "hybrid"}
+    assert set(results["postgres"]) == {"dense", "bm25", "fulltext", "hybrid", "hybrid_bm25"}
+    for systems in results.values():
+        for metrics in systems.values():
+            assert 0.0 <= metrics["ndcg@10"] <= metrics["recall@10"] <= 1.0
+    # Qdrant's IDF modifier and the IDF-weighted sparsevec query rank by the same BM25 score.
+    assert results["qdrant"]["bm25"] == results["postgres"]["bm25"]
+    # On 40 passages, a summary finds its own docstring's body among the first ten.
+    assert results["qdrant"]["dense"]["recall@10"] >= 0.5
