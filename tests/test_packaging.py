@@ -45,6 +45,7 @@ def test_the_wheel_holds_the_packages_and_their_data_and_no_benchmarks(dist):
     for data in ("adapters/postgres/migrations/0001_schema.sql",
                  "adapters/postgres/migrations/embed_function/1001_embed_function.sql",
                  "sidecar/wire/embedder_pb2.pyi",
+                 "sidecar/stopwords/english.txt", "sidecar/stopwords/README.md",
                  f"fern_embed-{VERSION}.data/data/share/fern/protos/fern/v1/embedder.proto",
                  f"fern_embed-{VERSION}.dist-info/licenses/LICENSE"):
         assert data in names, data
@@ -76,14 +77,16 @@ def test_the_installed_wheel_imports_and_runs(dist, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FERN_DEBUG")}
     env["PYTHONPATH"] = str(target)
     probe = ("import sidecar.client, adapters.postgres.installer as i, adapters.postgres.embed_function as e; "
-             "print(sidecar.client.__file__, len(i.bundled_migrations()), 'CREATE' in e.MIGRATION.sql.upper())")
+             "import sidecar.lexical as lex; "
+             "print(sidecar.client.__file__, len(i.bundled_migrations()), 'CREATE' in e.MIGRATION.sql.upper(), "
+             "all(len(lex.stopwords(language)) > 40 for language in lex.LANGUAGES))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
-    client_file, migrations, embed_function = done.stdout.split()
+    client_file, migrations, embed_function, stopwords = done.stdout.split()
     assert client_file.startswith(str(target)), client_file
     # The .sql files are found as package resources of the install.
-    assert int(migrations) >= 1 and embed_function == "True"
+    assert int(migrations) >= 1 and embed_function == "True" and stopwords == "True"
     version = subprocess.run([sys.executable, str(target / "bin" / "fern"), "--version"], capture_output=True,
                              text=True, env=env, cwd=tmp_path, timeout=120)
     assert version.returncode == 0, version.stderr
