@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the carried folders that tools/device/gpu_run.sh expects, on a machine with PyPI access:
 #   .whl/  cp312 wheels the GPU host lacks or has too old (grpcio, protobuf, health, reflection,
-#          apache-tvm-ffi for FlashInfer, the HTTP door's stack, scramp, prometheus_client, tqdm);
+#          apache-tvm-ffi for FlashInfer, the HTTP door's stack, scramp, prometheus_client, tqdm,
+#          the BM25 sparse vectors' py-rust-stemmers, mmh3 and regex);
 #   .gpu/  flashinfer.tar.xz (the installed package, ~25 MB), minilm-tok/ (MiniLM's tokenizer files,
 #          used to build random-weight models there). jit.tar.xz.* / inductor.tar.xz.* come back
 #          from a run's $OUT: copy them into .gpu/ so no later run compiles again.
@@ -14,9 +15,10 @@ mkdir -p .whl .gpu/minilm-tok
 "$PY" -m pip download -q --no-deps --only-binary=:all: "${PLAT[@]}" -d .whl \
   grpcio==1.85.3 protobuf==7.36.2 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1 \
   "apache-tvm-ffi>=0.1.11,<0.2"
-# The HTTP door, the Postgres endpoint's SCRAM, metrics and progress: pure-Python or cp312 wheels.
+# The HTTP door, the Postgres endpoint's SCRAM, metrics, progress and the BM25 sparse vectors:
+# pure-Python or cp312 wheels.
 "$PY" -m pip download -q --no-deps --only-binary=:all: "${PLAT[@]}" -d .whl \
-  starlette uvicorn httptools orjson scramp asn1crypto prometheus_client tqdm
+  starlette uvicorn httptools orjson scramp asn1crypto prometheus_client tqdm py-rust-stemmers mmh3 regex
 tmp=$(mktemp -d)
 "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "flashinfer-python==0.7.4"
 (cd "$tmp" && unzip -q flashinfer_python-*.whl 'flashinfer/*')
