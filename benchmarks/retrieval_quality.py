@@ -19,7 +19,8 @@ PostgreSQL (embedded PostgreSQL 18 + pgvector, the adapter's vectorizer and work
   (df + 0.5)), counted over the stored vectors: the BM25 score itself;
 - fulltext: PostgreSQL's own full-text side of the adapter's hybrid (tsvector, ts_rank_cd);
 - hybrid: `search(hybrid=True)`, the adapter's dense + full-text RRF in one statement;
-- hybrid_bm25: dense and bm25 fused by the same RRF (k = 60).
+- hybrid_bm25: dense and bm25, each DEPTH deep, fused as Qdrant's RRF fuses them
+  (1 / (1 + rank)): the Qdrant hybrid's vectors and fusion, in PostgreSQL.
 
 `--rerank-model DIR` adds "+ rerank" rows: the hybrid top RERANK_DEPTH re-ordered by a
 cross-encoder the sidecar serves from DIR (as model "rerank"), through the client's `rerank`.
@@ -44,8 +45,8 @@ from typing import Any, Callable
 
 DATA = Path(__file__).resolve().parent / "data" / "stdlib_docstrings.json"
 K = 10
-DEPTH = 40  # candidates each side of a client-side fusion, as the Postgres adapter's default
-RRF_K = 60
+DEPTH = 40  # candidates each side of a fusion: the adapters' default for k = 10
+QDRANT_RRF_K = 1  # qdrant-client's RRF: 1 / (pos + 2) for 0-based pos, i.e. 1 / (1 + rank)
 RERANK_DEPTH = 30
 SPARSEVEC_DIM = 1_000_000_000
 
@@ -90,7 +91,7 @@ def score(rankings: list[list[str]], data: RetrievalSet) -> dict[str, float]:
             "recall@10": round(sum(recall_at(r, q[2]) for r, q in zip(rankings, data.queries)) / n, 4)}
 
 
-def rrf(*rankings: list[str], k: int = RRF_K) -> list[str]:
+def rrf(*rankings: list[str], k: int = QDRANT_RRF_K) -> list[str]:
     """Reciprocal rank fusion of ranked id lists: sum of 1 / (k + rank), best first."""
     fused: Counter[str] = Counter()
     for ranking in rankings:

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from benchmarks.retrieval_quality import DATA, load_set, ndcg_at, recall_at, rrf, run
+from benchmarks.retrieval_quality import (DATA, load_set, ndcg_at, postgres_runs, qdrant_runs, recall_at,
+                                          rrf, score)
 
 
 def test_metrics_by_hand():
@@ -30,13 +31,17 @@ def test_the_committed_set_is_whole_and_says_where_it_comes_from():
 def test_a_slice_runs_through_qdrant_and_postgres(sidecar_target):
     data = load_set(queries=6, passages=40)
     assert len(data.passages) == 40 and all(q[2] <= {p for p, _ in data.passages} for q in data.queries)
-    results = run(data, sidecar_target)
-    assert set(results["qdrant"]) == {"dense", "bm25", "hybrid"}
-    assert set(results["postgres"]) == {"dense", "bm25", "fulltext", "hybrid", "hybrid_bm25"}
-    for systems in results.values():
-        for metrics in systems.values():
+    qdrant, postgres = qdrant_runs(sidecar_target, data, None), postgres_runs(sidecar_target, data, None)
+    assert set(qdrant) == {"dense", "bm25", "hybrid"}
+    assert set(postgres) == {"dense", "bm25", "fulltext", "hybrid", "hybrid_bm25"}
+    for runs in (qdrant, postgres):
+        for rankings in runs.values():
+            assert len(rankings) == len(data.queries)
+            metrics = score(rankings, data)
             assert 0.0 <= metrics["ndcg@10"] <= metrics["recall@10"] <= 1.0
-    # Qdrant's IDF modifier and the IDF-weighted sparsevec query rank by the same BM25 score.
-    assert results["qdrant"]["bm25"] == results["postgres"]["bm25"]
+    # Qdrant's IDF modifier and the IDF-weighted sparsevec query rank by the same BM25 score
+    # (two documents of equal score may swap places, so one query in six may differ).
+    same = sum(a == b for a, b in zip(qdrant["bm25"], postgres["bm25"]))
+    assert same >= len(data.queries) - 1, (qdrant["bm25"], postgres["bm25"])
     # On 40 passages, a summary finds its own docstring's body among the first ten.
-    assert results["qdrant"]["dense"]["recall@10"] >= 0.5
+    assert score(qdrant["dense"], data)["recall@10"] >= 0.5
