@@ -191,7 +191,8 @@ class FernQdrantClient(FernQdrantMixin, QdrantClient):
                with_payload: bool | list[str] = True) -> list[models.ScoredPoint]:
         """The `k` best points for `text`: dense + sparse fused by RRF, or dense only.
 
-        The query is embedded with the model's "query" prompt when it defines one.
+        The query is embedded with prompt "query": the model's query prompt where it defines
+        one, and BM25's query form of the sparse vector.
         """
         layout = self._layout(collection_name, model)
         if prompt is None:

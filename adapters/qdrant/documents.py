@@ -10,8 +10,8 @@ very same object, so qdrant-client handles them exactly as it would without Fern
 
 Document options Fern reads (all optional): ``prompt`` (a prompt name the model
 defines), ``normalize`` (bool), ``dimensions`` (Matryoshka truncation), ``truncate``
-(bool, default true) and ``sparse`` (bool: the sparse BM25-style vector instead of the
-dense one).
+(bool, default true) and ``sparse`` (bool: the BM25 sparse vector instead of the dense
+one; with prompt "query", BM25's query form).
 """
 
 from __future__ import annotations
