@@ -2,7 +2,7 @@
 
     python -m tools.soak --minutes 30 --out benchmarks/results/cpu/soak.json
     python -m tools.soak --minutes 30 --faults worker_sigkill,postgres_restart \
-        --out benchmarks/results/cpu/soak-sidecars-live-through.json
+        --out benchmarks/results/cpu/soak-long-lived-sidecars.json
     python -m tools.soak --minutes 2 --fault-every 0.5 --out /tmp/soak-trial.json
 
 Two `fern serve` sidecars (bundled model, CPU, one thread each) on fixed ports behind one
