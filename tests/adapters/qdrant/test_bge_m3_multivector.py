@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -137,3 +139,18 @@ def test_the_async_client_reranks_the_same_way(m3_target, tmp_path) -> None:
         return hits
 
     assert [h.id for h in asyncio.run(scenario())] == blocking
+
+
+def test_the_bge_m3_doc_runs_as_written(m3_target) -> None:
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "bge-m3.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
+    assert len(blocks) == 2
+    for code in blocks:
+        scope: dict = {}
+        exec(compile(code.replace("127.0.0.1:50051", m3_target), "docs/bge-m3.md", "exec"), scope)
+        if "out" in scope:
+            out = scope["out"]
+            assert out.multivectors[0].shape == (out.token_counts[0] - 1, 64) and len(out.sparse[0].indices)
+        else:
+            assert scope["hits"] and scope["hits"][0].payload["id"] == 1
+            scope["qc"].close()
