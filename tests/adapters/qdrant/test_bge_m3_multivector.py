@@ -154,3 +154,24 @@ def test_the_bge_m3_doc_runs_as_written(m3_target) -> None:
         else:
             assert scope["hits"] and scope["hits"][0].payload["id"] == 1
             scope["qc"].close()
+
+
+def test_documents_can_ask_for_the_multivector(m3) -> None:
+    m3.setup_collection("m3", multivector=True)
+    model = "fern/bge-m3"
+    m3.upsert("m3", [models.PointStruct(id=i, payload=r, vector={
+        "dense": models.Document(text=r["text"], model=model),
+        "sparse": models.Document(text=r["text"], model=model, options={"sparse": True}),
+        "colbert": models.Document(text=r["text"], model=model, options={"multivector": True})})
+        for i, r in enumerate(CORPUS)])
+    stored = m3.retrieve("m3", [3], with_vectors=True)[0].vector
+    reference = m3.fern.embed([CORPUS[3]["text"]], model="bge-m3", sparse=True, multivector=True)
+    np.testing.assert_allclose(stored["colbert"], reference.multivectors[0], atol=1e-5)
+    assert stored["sparse"].indices == reference.sparse[0].indices.tolist()
+    by_doc = m3.query_points("m3", query=models.Document(text=QUERY, model=model, options={"multivector": True}),
+                             using="colbert", limit=3).points
+    searched = m3.search("m3", QUERY, k=3, prefetch_limit=100)
+    assert [CORPUS[p.id]["id"] for p in by_doc] == [h.payload["id"] for h in searched]
+    with pytest.raises(ValueError, match="options sparse and multivector ask for two vectors"):
+        m3.query_points("m3", query=models.Document(text=QUERY, model=model,
+                                                    options={"multivector": True, "sparse": True}), using="colbert")
