@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from core_engine.config import ModelSpec
-from core_engine.token_outputs import learned_sparse
 from core_engine.postprocess import finalize
+from core_engine.token_outputs import learned_sparse
 from sidecar import encodings
 from sidecar.errors import EmbedError, deadline_exceeded, invalid_argument, resource_exhausted, unavailable
 from sidecar.registry import Registry, ServedModel
