@@ -10,9 +10,11 @@ import logging
 import os
 import platform
 import random
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -397,23 +399,35 @@ CLIENT_SETTINGS = {"default": {}, "-event_engine_client": {"GRPC_EXPERIMENTS": "
 
 
 def _latency_e2e(ctx: Context, name: str, tok: Tokenizer) -> dict[str, Any]:
-    served = _serve(ctx, name)
+    # One sidecar on TCP and a Unix socket at once: both doors measured against the same server.
+    socket_dir = Path(tempfile.mkdtemp(prefix="fern-bench-uds-"))
+    socket_path = socket_dir / "fern.sock"
+    served = _serve(ctx, name, extra=("--uds", str(socket_path)))
     try:
         result: dict[str, Any] = {"seconds_to_serving": round(served.seconds_to_serving, 2),
                                   "server_command": " ".join(served.command),
                                   "client": "benchmarks.latency_client subprocess per setting",
-                                  "client_settings": CLIENT_SETTINGS, "by_client_setting": {}}
-        for length in (128,) if ctx.plan.latency_lengths else ():
-            # Each client setting sends its own texts, none of them sent before.
-            rows = {setting: _latency_client(served.target, make_texts(
-                        tok, [length] * (ctx.plan.warm_queries + ctx.plan.e2e_iters), seed=length * 10 + k,
-                        vocabulary=ctx.options.texts), ctx.plan.e2e_iters, env)
-                    for k, (setting, env) in enumerate(CLIENT_SETTINGS.items())}
+                                  "client_settings": CLIENT_SETTINGS, "by_client_setting": {},
+                                  "uds": {}}
+        # 128 tokens (a query of the large models) with every client setting; 32 (a short query
+        # of the small ones), when the plan has it, with the default client only.
+        lengths = (32, 128) if 32 in ctx.plan.latency_lengths else (128,)
+        for length in lengths if ctx.plan.latency_lengths else ():
+            def texts(seed: int) -> list[str]:  # each run sends its own texts, none of them sent before
+                return make_texts(tok, [length] * (ctx.plan.warm_queries + ctx.plan.e2e_iters),
+                                  seed=seed, vocabulary=ctx.options.texts)
+
+            settings = CLIENT_SETTINGS if length == 128 else {"default": {}}
+            rows = {setting: _latency_client(served.target, texts(length * 10 + k), ctx.plan.e2e_iters, env)
+                    for k, (setting, env) in enumerate(settings.items())}
             result[str(length)] = rows["default"]
             result["by_client_setting"][str(length)] = rows
+            result["uds"][str(length)] = _latency_client(f"unix:{socket_path}", texts(length * 10 + 9),
+                                                         ctx.plan.e2e_iters, {})
         return result
     finally:
         served.stop()
+        shutil.rmtree(socket_dir, ignore_errors=True)
 
 
 def _latency_client(target: str, texts: list[str], iters: int, settings: dict[str, str]) -> dict[str, Any]:
@@ -985,6 +999,9 @@ def summary(results: dict[str, Any]) -> str:
         rows = e.get("e2e", {}).get("by_client_setting", {}).get("128", {})
         e2e = " | ".join(f"e2e gRPC ({setting} client) p50 {r['p50_ms']:.3f} ms p99 {r['p99_ms']:.3f} ms"
                          for setting, r in rows.items()) or f"e2e {e.get('e2e', {}).get('skipped', 'n/a')}"
+        uds = e.get("e2e", {}).get("uds", {}).get("128")
+        if uds:
+            e2e += f" | e2e gRPC over the Unix socket p50 {uds['p50_ms']:.3f} ms p99 {uds['p99_ms']:.3f} ms"
         length = "128" if "128" in e["engine"] else next(iter(e["engine"]), None)
         eng = e["engine"].get(length) if length else None
         if eng is None:

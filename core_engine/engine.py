@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -212,8 +213,20 @@ class Engine:
 
     # -- host side ------------------------------------------------------------------------
 
-    def prepare(self, sequences: Sequence[Sequence[int]]) -> PreparedBatch:
-        """Pack token-id sequences (special tokens included) into one step's host buffer."""
+    @property
+    def has_token_heads(self) -> bool:
+        """Whether the model has a learned sparse or ColBERT head (core_engine.heads)."""
+        return bool(self.spec.sparse_head or self.spec.colbert_dim)
+
+    def prepare(self, sequences: Sequence[Sequence[int]], token_outputs: bool = False) -> PreparedBatch:
+        """Pack token-id sequences (special tokens included) into one step's host buffer.
+
+        `token_outputs`: the step also returns its token heads' rows (its handle's result() is
+        then a core_engine.token_outputs.StepResult); only for a model with heads.
+        """
+        if token_outputs and not self.has_token_heads:
+            raise ValueError(f"token_outputs: model {self.spec.name!r} has no sparse_linear.pt or "
+                             "colbert_linear.pt head")
         num_seqs = len(sequences)
         if num_seqs == 0:
             raise ValueError("sequences: empty batch")
@@ -228,6 +241,8 @@ class Engine:
             key = key_for(lengths, self.buckets)
         else:
             key = GraphKey(tokens=total, slots=num_seqs, max_seqlen=longest)
+        if token_outputs:
+            key = dataclasses.replace(key, token_outputs=True)
         packed = torch.empty(packed_size(key.tokens, key.slots), dtype=torch.int64, pin_memory=self._cuda)
         cu = pack_into(packed.numpy(), key, sequences, lengths, total, self._ramp)
         batch = PreparedBatch(packed=packed, key=key, num_seqs=num_seqs, num_tokens=total,
@@ -242,8 +257,12 @@ class Engine:
 
     # -- device side ----------------------------------------------------------------------
 
-    def _forward_on(self, buf: torch.Tensor, key: GraphKey, cu_cpu: torch.Tensor) -> torch.Tensor:
-        return self._forward_model(*model_inputs(buf, key, self.spec.causal, cu_cpu))
+    def _forward_on(self, buf: torch.Tensor, key: GraphKey,
+                    cu_cpu: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        inputs = model_inputs(buf, key, self.spec.causal, cu_cpu)
+        if key.token_outputs:
+            return self._forward_model(*inputs, token_outputs=True)
+        return self._forward_model(*inputs)
 
     def _on_device(self) -> contextlib.AbstractContextManager:
         return torch.cuda.device(self.device) if self._cuda else contextlib.nullcontext()
@@ -300,9 +319,13 @@ class Engine:
                     buf = self._static[: buf.numel()]
                     buf.copy_(batch.packed, non_blocking=True)
                 pooled = self.graphs.run(key, action, lambda: self._forward_on(buf, key, cu_cpu), plan.backend)
+            tokens = None
+            if key.token_outputs:
+                pooled, values = pooled
+                tokens = (values, cu_cpu[: batch.num_seqs + 1].numpy().astype(np.int64), bool(self.spec.sparse_head))
             if not self._cuda:
-                return EmbeddingHandle.ready(pooled, batch.num_seqs)
-            return EmbeddingHandle.from_device(pooled, batch.num_seqs)
+                return EmbeddingHandle.ready(pooled, batch.num_seqs, tokens)
+            return EmbeddingHandle.from_device(pooled, batch.num_seqs, tokens)
 
     def embed(self, sequences: Sequence[Sequence[int]]) -> np.ndarray:
         """prepare + step + result: float32 [N, dimensions] raw pooled vectors, input order."""
@@ -318,8 +341,11 @@ class Engine:
     def _compile_warmup(self) -> None:
         """Compile before serving: two eager passes of different shapes settle the dynamic-shape code."""
         longest = min(self.spec.max_tokens, 256)
-        for seqs in ([[0] * 8], [[0] * longest] * 3):
-            batch = self.prepare(seqs)
+        shapes = [([[0] * 8], False), ([[0] * longest] * 3, False)]
+        if self.has_token_heads:  # the forward with token outputs is compiled code of its own
+            shapes += [([[0] * 8], True), ([[0] * longest] * 3, True)]
+        for seqs, token_outputs in shapes:
+            batch = self.prepare(seqs, token_outputs)
             with torch.inference_mode(), torch.cuda.device(self.device):
                 for name in self.attention.candidates:
                     self.attention.plan(batch.key, batch.cu_seqlens_cpu, for_graph=False, backend=name)

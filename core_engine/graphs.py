@@ -22,6 +22,7 @@ class GraphKey:
     tokens: int      # padded token count T
     slots: int       # sequence slots S (cu_seqlens has S + 1 entries)
     max_seqlen: int  # bound on any slot's length, fixed inside the graph
+    token_outputs: bool = False  # the step also yields its token heads' rows (core_engine.heads)
 
 
 def key_for(lengths: Iterable[int], buckets: BucketConfig) -> GraphKey:
@@ -160,7 +161,7 @@ class CapturePolicy:
 @dataclass
 class _Entry:
     graph: "torch.cuda.CUDAGraph"
-    output: torch.Tensor
+    output: torch.Tensor | tuple[torch.Tensor, ...]
     backend: str
 
 
@@ -201,8 +202,8 @@ class GraphCache:
         """The policy's decision for this step of `key` (counted)."""
         return self.policy.decide(key)
 
-    def run(self, key: GraphKey, action: Action, forward: Callable[[], torch.Tensor],
-            backend: str) -> torch.Tensor:
+    def run(self, key: GraphKey, action: Action, forward: Callable[[], torch.Tensor | tuple[torch.Tensor, ...]],
+            backend: str) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """Run one step of `key` as decided: eagerly, by capturing `forward`, or by replaying."""
         if action is Action.REPLAY:
             entry = self._entries[key]

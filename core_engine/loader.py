@@ -10,6 +10,7 @@ from torch import nn
 
 from core_engine.attention.base import AttentionBackend
 from core_engine.config import ModelSpec, default_model_dir  # noqa: F401 - callers import it from here too
+from core_engine.heads import read_heads
 from core_engine.models import FAMILIES
 from core_engine.settings import KernelOptions
 
@@ -37,7 +38,9 @@ def build_model(
 
     ``kernels`` picks the forms of individual kernels (default: the ones that serve).
 
-    ``module(input_ids[T] int64, positions[T] int64, meta)`` returns pooled [B, D] float32.
+    ``module(input_ids[T] int64, positions[T] int64, meta)`` returns pooled [B, D] float32; a model
+    with token heads (``spec.sparse_head``, ``spec.colbert_dim``) also takes ``token_outputs=True``
+    and then returns (pooled, heads [T, width] float32) (core_engine.heads).
     ``positions`` are 0-based within each sequence for every family (the XLM-R offset is
     already applied to the position table). The forward pass has no host syncs of its own,
     so it is CUDA-graph capturable whenever the attention backend is.
@@ -47,6 +50,8 @@ def build_model(
         module = family.module(spec, attention, kernels or KernelOptions())
     # Read straight onto the device: fusing and casting there is faster than on the host.
     weights = family.convert_weights(read_checkpoint(spec.path, device), spec)
+    if spec.sparse_head or spec.colbert_dim:
+        weights.update(read_heads(spec.path, spec.dimensions, spec.sparse_head, spec.colbert_dim, device))
     # The checkpoint decides the parameter shapes it holds; check them against the config.
     expected = module.state_dict()
     for name, tensor in weights.items():

@@ -139,6 +139,9 @@ class Embeddings:
     model: str
     request_id: str = ""
     sparse: list[SparseVector] | None = None
+    # With multivector=True: one float32 [n_i, dim] array per input (ColBERT vectors, views
+    # into one buffer).
+    multivectors: list[np.ndarray] | None = None
 
     def __len__(self) -> int:
         return self.vectors.shape[0]
@@ -168,6 +171,13 @@ class ModelInfo:
     vocab_size: int = 0
     distance: str = "cosine"
     native_int8: bool = False
+    learned_sparse: bool = False  # sparse vectors are the model's learned weights (BGE-M3)
+    multivector_dimensions: int = 0  # width of its multi-vectors (ColBERT head); 0: none
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """What the model can return: "dense", "sparse" (lexical or learned) and, with a ColBERT head, "multivector"."""
+        return ("dense", "sparse") + (("multivector",) if self.multivector_dimensions else ())
 
 
 @dataclass(frozen=True)
@@ -182,6 +192,7 @@ class EmbedOptions:
     dimensions: int = 0
     encoding: str = "float32"
     sparse: bool = False
+    multivector: bool = False
 
     def request(self, request_id: str = "", texts: Sequence[str] | None = None,
                 token_ids: Sequence[Sequence[int]] | None = None) -> pb.EmbedRequest:
@@ -218,6 +229,7 @@ class EmbedOptions:
             dimensions=self.dimensions,
             encoding=encodings.BY_NAME[self.encoding].wire,
             return_sparse=self.sparse,
+            return_multivector=self.multivector,
         )
         if self.normalize is not None:
             req.normalize = self.normalize
@@ -250,6 +262,7 @@ def decode_response(resp: pb.EmbedResponse) -> Embeddings:
     if len(resp.sparse):
         sparse = [SparseVector(_array(s.indices, np.uint32), _array(s.values, np.float32))
                   for s in resp.sparse]
+    multivectors = _multivectors(resp) if len(resp.multivector_counts) else None
     return Embeddings(
         vectors=vectors,
         dimensions=resp.dimensions,
@@ -258,7 +271,19 @@ def decode_response(resp: pb.EmbedResponse) -> Embeddings:
         model=resp.model,
         request_id=resp.request_id,
         sparse=sparse,
+        multivectors=multivectors,
     )
+
+
+def _multivectors(resp: pb.EmbedResponse) -> list[np.ndarray]:
+    """The packed multi-vector buffer as one [n_i, dim] float32 view per input."""
+    dim = resp.multivector_dimensions
+    rows = np.frombuffer(resp.multivectors, dtype="<f4").reshape(-1, dim) if dim else np.zeros((0, 0), "<f4")
+    counts = _array(resp.multivector_counts, np.int64)
+    if counts.sum() != rows.shape[0]:
+        raise ValueError(f"response {resp.request_id!r}: multivector_counts add up to {counts.sum()} rows, "
+                         f"the buffer holds {rows.shape[0]}")
+    return np.split(rows, np.cumsum(counts)[:-1])
 
 
 def _stream_result(resp: pb.EmbedResponse) -> StreamResult:
@@ -291,6 +316,8 @@ def _model_info(m: pb.ModelInfo) -> ModelInfo:
         vocab_size=m.vocab_size,
         distance=m.distance,
         native_int8=m.native_int8,
+        learned_sparse=m.learned_sparse,
+        multivector_dimensions=m.multivector_dimensions,
     )
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from core_engine.config import ModelSpec
 from core_engine.postprocess import finalize
+from core_engine.token_outputs import learned_sparse
 from sidecar import encodings
 from sidecar.errors import EmbedError, deadline_exceeded, invalid_argument, resource_exhausted, unavailable
 from sidecar.registry import Registry, ServedModel
@@ -62,8 +63,11 @@ class EmbedParams:
     `prompt_name` "" the model's default prompt; `normalize` None the model's default;
     `dimensions` 0 the full dimension; `deadline` is a time.monotonic() instant or None.
     `dense=False` (with `return_sparse`) answers the sparse vectors alone: they come from the
-    text, so no engine step runs and `vectors` has no columns. `sparse_language` is the
-    language of the BM25 sparse vectors ("" the gateway's default).
+    text, so no engine step runs and `vectors` has no columns; `sparse_language` is their
+    language ("" the gateway's default). A model with a learned sparse head (BGE-M3's
+    sparse_linear.pt) answers `return_sparse` with that head's weights instead, from an
+    engine step. `return_multivector` asks for the ColBERT head's vectors (models with
+    colbert_linear.pt only).
     """
 
     texts: Sequence[str] = ()
@@ -78,6 +82,7 @@ class EmbedParams:
     return_sparse: bool = False
     dense: bool = True
     deadline: float | None = None
+    return_multivector: bool = False
     sparse_language: str = ""
 
 
@@ -91,6 +96,9 @@ class EmbedResult:
     encoding: str
     token_counts: list[int]
     sparse: list[tuple[np.ndarray, np.ndarray]] | None = None
+    # One float32 [n_i, dim] array per input when return_multivector was set (ColBERT vectors,
+    # L2-normalized, one per token after CLS).
+    multivectors: list[np.ndarray] | None = None
 
 
 @dataclass
@@ -103,9 +111,16 @@ class PreparedRequest:
     dimensions: int
     normalize: bool
     sparse_ids: list[list[int]] | None = field(default=None, repr=False)
-    # The texts the sparse vectors are made from (None: the request asked for none).
+    # The sparse vectors come from the model's learned sparse head (an engine step), not the text.
+    learned_sparse: bool = False
+    # The texts the BM25 sparse vectors are made from (None: none asked for, or learned ones).
     sparse_texts: list[str] | None = field(default=None, repr=False)
     sparse_language: str = DEFAULT_LANGUAGE
+
+    @property
+    def token_outputs(self) -> bool:
+        """Whether the engine steps must return the token heads' rows."""
+        return self.learned_sparse or self.params.return_multivector
 
     @property
     def tokens(self) -> int:
@@ -146,8 +161,12 @@ class Gateway:
         texts, token_ids = params.texts, params.token_ids
         if len(texts) and len(token_ids):
             raise invalid_argument("request: both texts and token_ids are set; send one of them")
-        if not params.dense and not params.return_sparse:
+        if not params.dense and not params.return_sparse and not params.return_multivector:
             raise invalid_argument("request: dense=False asks for nothing without return_sparse")
+        if params.return_multivector and not spec.colbert_dim:
+            raise invalid_argument(f"return_multivector: model {spec.name!r} has no multi-vector (ColBERT) head "
+                                   "(colbert_linear.pt); ListModels says which outputs each model offers")
+        learned = params.return_sparse and spec.sparse_head
         count = len(texts) or len(token_ids)
         if count == 0:
             raise invalid_argument("request: no inputs (texts and token_ids are both empty)")
@@ -165,23 +184,24 @@ class Gateway:
                 if _VISIBLE(text) is None:
                     raise invalid_argument(f"texts[{i}]: empty text (only whitespace, control or "
                                            "zero-width characters)", i)
-            sparse_texts = list(texts) if params.return_sparse else None
-            if not params.dense:  # sparse alone: the plain texts' ids give the token counts
+            sparse_texts = list(texts) if params.return_sparse and not learned else None
+            if not params.dense and not learned and not params.return_multivector:
+                # sparse alone: the plain texts' ids give the token counts
                 sparse_ids = await tokenizer.encode_plain_async(list(texts))
                 return PreparedRequest(params, served, [], dimensions, normalize, sparse_ids,
-                                       sparse_texts, language)
+                                       sparse_texts=sparse_texts, sparse_language=language)
             prompt = self._prompt_text(params.prompt_name, spec)
             templated = [prompt + t for t in texts] if prompt else list(texts)
             sequences = await tokenizer.encode_async(templated, truncate=params.truncate)
         else:
             sequences = self._check_token_ids(token_ids, spec, params.truncate, tokenizer)
             sparse_texts = None
-            if params.return_sparse:  # the words of pre-tokenized input are its ids decoded
+            if params.return_sparse and not learned:  # the words of pre-tokenized input: its ids decoded
                 sparse_ids = [list(ids) for ids in token_ids]
                 sparse_texts = tokenizer.core.full.decode_batch(sparse_ids, skip_special_tokens=True)
         self._check_fits(sequences, served, params.lane)
         return PreparedRequest(params, served, sequences, dimensions, normalize, sparse_ids,
-                               sparse_texts, language)
+                               learned, sparse_texts, language)
 
     def _sparse_language(self, params: EmbedParams) -> str:
         if not params.sparse_language:
@@ -218,9 +238,10 @@ class Gateway:
         RESOURCE_EXHAUSTED (streams, whose reader already waited, use it against races).
         """
         params, served = prepared.params, prepared.served
-        if not params.dense:
+        if not params.dense and not prepared.token_outputs:
             return await self._sparse_only(prepared)
         scheduler = served.scheduler
+        extra = {"token_outputs": True} if prepared.token_outputs else {}
         try:
             # The common case (a query): one chunk, awaited directly, without a task per chunk
             # and without walking the sequences to cut chunks.
@@ -231,11 +252,13 @@ class Gateway:
                 chunks = self._chunks(prepared)
             if chunks is None or len(chunks) == 1:
                 pooled = await scheduler.embed(prepared.sequences, params.lane, params.deadline,
-                                               wait=wait_first)
+                                               wait=wait_first, **extra)
             else:
                 pooled = await self._embed_chunks(prepared, chunks, wait_first)
         except (QueueFull, Draining, DeadlineExceeded) as error:
             raise _scheduler_error(error, params.lane) from None
+        if prepared.token_outputs:
+            return await _with_token_outputs(prepared, *pooled)
         vectors = finalize(pooled, dimensions=prepared.dimensions, normalize=prepared.normalize,
                            encoding=params.encoding, native_int8=served.spec.native_int8)
         return EmbedResult(model=served.spec.name, vectors=vectors, dimensions=prepared.dimensions,
@@ -251,20 +274,24 @@ class Gateway:
 
     @staticmethod
     async def _embed_chunks(prepared: PreparedRequest, chunks: list[slice],
-                            wait_first: bool) -> np.ndarray:
+                            wait_first: bool) -> np.ndarray | tuple[np.ndarray, list]:
         """Chunks in flight together; the first failure cancels the rest and is raised."""
         params, scheduler = prepared.params, prepared.served.scheduler
+        extra = {"token_outputs": True} if prepared.token_outputs else {}
         try:
             async with asyncio.TaskGroup() as group:
                 tasks = []
                 for n, chunk in enumerate(chunks):
                     tasks.append(group.create_task(scheduler.embed(
                         prepared.sequences[chunk], params.lane, params.deadline,
-                        wait=n > 0 or wait_first)))
+                        wait=n > 0 or wait_first, **extra)))
                     # Let the scheduler admit this chunk (or refuse it) before the next one.
                     await asyncio.sleep(0)
         except BaseExceptionGroup as group_error:
             raise group_error.exceptions[0] from None
+        if prepared.token_outputs:
+            results = [t.result() for t in tasks]
+            return np.concatenate([r[0] for r in results]), [row for r in results for row in r[1]]
         return np.concatenate([t.result() for t in tasks])
 
     def _chunks(self, prepared: PreparedRequest) -> list[slice]:
@@ -329,10 +356,8 @@ class Gateway:
 
 
 async def _sparse(prepared: PreparedRequest) -> list[tuple[np.ndarray, np.ndarray]] | None:
-    """The request's sparse vectors (None when it asked for none).
-
-    The one dispatch point for sparse encoders: a model with a learned sparse head answers
-    through it here; every other model gets BM25 lexical vectors of the request's texts."""
+    """The request's BM25 lexical sparse vectors (None when it asked for none, or its model's
+    learned sparse head makes them: `learned` in `prepare` picks, `_token_outputs` answers)."""
     texts = prepared.sparse_texts
     if texts is None:
         return None
@@ -340,6 +365,39 @@ async def _sparse(prepared: PreparedRequest) -> list[tuple[np.ndarray, np.ndarra
     if len(texts) > LOOP_ROWS:  # ~0.1 ms a passage: off the loop, which keeps answering
         return await asyncio.to_thread(sparse_vectors, texts, language=prepared.sparse_language, query=query)
     return sparse_vectors(texts, language=prepared.sparse_language, query=query)
+
+
+def _token_outputs(prepared: PreparedRequest, rows: list) -> tuple[list | None, list | None]:
+    """The learned sparse vectors and the multi-vectors a request asked for, from its texts' head rows."""
+    sparse = None
+    if prepared.learned_sparse:
+        unused = prepared.served.spec.unused_token_ids
+        sparse = [learned_sparse(seq, row.weights, unused) for seq, row in zip(prepared.sequences, rows)]
+    multivectors = None
+    if prepared.params.return_multivector:
+        multivectors = [np.array(row.multivector, dtype=np.float32) for row in rows]
+    return sparse, multivectors
+
+
+async def _with_token_outputs(prepared: PreparedRequest, pooled: np.ndarray, rows: list) -> EmbedResult:
+    """The result of a request whose steps returned token heads' rows: its dense vectors (unless
+    dense=False), learned sparse vectors and multi-vectors."""
+    params, spec = prepared.params, prepared.served.spec
+    if params.dense:
+        vectors = finalize(pooled, dimensions=prepared.dimensions, normalize=prepared.normalize,
+                           encoding=params.encoding, native_int8=spec.native_int8)
+        dimensions, encoding = prepared.dimensions, params.encoding
+    else:
+        vectors, dimensions, encoding = np.zeros((len(rows), 0), np.float32), 0, "float32"
+    if len(rows) > LOOP_ROWS:  # per-row Python work: off the loop, which keeps answering
+        sparse, multivectors = await asyncio.to_thread(_token_outputs, prepared, rows)
+    else:
+        sparse, multivectors = _token_outputs(prepared, rows)
+    if sparse is None:
+        sparse = await _sparse(prepared)
+    return EmbedResult(model=spec.name, vectors=vectors, dimensions=dimensions, encoding=encoding,
+                       token_counts=[len(s) for s in prepared.sequences], sparse=sparse,
+                       multivectors=multivectors)
 
 
 def _scheduler_error(error: Exception, lane: Lane) -> EmbedError:

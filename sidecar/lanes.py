@@ -37,6 +37,9 @@ class Request:
     dropped: bool = False  # cancelled, past its deadline, or failed: skip what is left
     settled: bool = False  # its future has been (or is being) resolved
     future: Any = None  # asyncio.Future, created when the request is admitted to its lane
+    # Per sequence, its token heads' rows (core_engine.token_outputs.TokenRows), when the request asked
+    # for token outputs (learned sparse, multi-vectors); None otherwise. Written like `out`.
+    token_out: list | None = None
 
     @property
     def size(self) -> int:

@@ -219,6 +219,7 @@ def params_from_request(request: pb.EmbedRequest, deadline: float | None) -> Emb
         encoding=encoding.name,
         return_sparse=request.return_sparse,
         deadline=deadline,
+        return_multivector=request.return_multivector,
     )
 
 
@@ -238,7 +239,16 @@ def response_from_result(request_id: str, result: EmbedResult) -> pb.EmbedRespon
     if result.sparse is not None:
         response.sparse.extend(pb.SparseVector(indices=indices.tolist(), values=values.tolist())
                                for indices, values in result.sparse)
+    if result.multivectors is not None:
+        _add_multivectors(response, result.multivectors)
     return response
+
+
+def _add_multivectors(response: pb.EmbedResponse, multivectors: list[np.ndarray]) -> None:
+    """Every input's multi-vectors in one packed little-endian float32 buffer, with a row count per input."""
+    response.multivector_counts.extend(len(m) for m in multivectors)
+    response.multivector_dimensions = multivectors[0].shape[1] if multivectors else 0
+    response.multivectors = np.concatenate(multivectors).astype("<f4", copy=False).tobytes() if multivectors else b""
 
 
 def model_info(spec: ModelSpec) -> pb.ModelInfo:
@@ -255,6 +265,8 @@ def model_info(spec: ModelSpec) -> pb.ModelInfo:
         vocab_size=spec.vocab_size,
         distance=spec.distance,
         native_int8=spec.native_int8,
+        learned_sparse=spec.sparse_head,
+        multivector_dimensions=spec.colbert_dim,
     )
 
 

@@ -1,7 +1,8 @@
 """The sparse vectors of a request's texts, for hybrid search: which encoder makes them, and how.
 
-The gateway's `_sparse` picks the encoder for a served model: a model without a learned
-sparse head gets the BM25 lexical vectors made here (sidecar/lexical.py): the same terms,
+The gateway picks the encoder for a served model (`learned` in `Gateway.prepare`): a model
+with a learned sparse head answers from that head in the engine step; every other model
+gets the BM25 lexical vectors made here (sidecar/lexical.py): the same terms,
 indices and weights as Qdrant's built-in BM25, with the IDF left to the database (Qdrant's
 `Modifier.IDF`).
 

@@ -1,6 +1,8 @@
 """Soaks Fern under mixed online and batch load with faults injected in turn, and audits every row and each sidecar's memory at the end.
 
     python -m tools.soak --minutes 30 --out benchmarks/results/cpu/soak.json
+    python -m tools.soak --minutes 30 --faults worker_sigkill,postgres_restart \
+        --out benchmarks/results/cpu/soak-long-lived-sidecars.json
     python -m tools.soak --minutes 2 --fault-every 0.5 --out /tmp/soak-trial.json
 
 Two `fern serve` sidecars (bundled model, CPU, one thread each) on fixed ports behind one
@@ -9,7 +11,8 @@ per row, and split chunks); two in-process workers and one `fern pg worker` subp
 online thread embedding one query every ~20 ms; a writer inserting rows and updating texts
 and keys. Every `--fault-every` minutes one fault, in turn: SIGKILL a sidecar (back on its
 port after 5 s), SIGTERM the other (drain, then back), SIGKILL the worker subprocess (a new
-one starts), crash-restart PostgreSQL. At the end the writer stops, the queue drains and
+one starts), crash-restart PostgreSQL (`--faults` picks some of them: without the sidecar
+faults, each sidecar lives the whole run and its RSS shows whether it levels off). At the end the writer stops, the queue drains and
 every row is audited: lost, stale, duplicated (goal 0 each; exit status 1 otherwise).
 """
 
@@ -394,6 +397,22 @@ class RssProbe:
             self.stop.wait(RSS_EVERY_S)
 
 
+def _second_half(life: list[tuple[float, int]]) -> dict:
+    """For a life of 10 minutes or more: RSS growth over its second half, the mean of its last
+    3 minutes against the mean of the 3 minutes around its middle. A leak keeps growing there;
+    a heap settling into its working set does not."""
+    start, end = life[0][0], life[-1][0]
+    if end - start < 600:
+        return {}
+    middle = (start + end) / 2
+    around_middle = [k for t, k in life if abs(t - middle) <= 90]
+    last = [k for t, k in life if t >= end - 180]
+    growth = statistics.mean(last) / statistics.mean(around_middle) - 1
+    return {"middle_3min_mean_mib": round(statistics.mean(around_middle) / 1024, 1),
+            "last_3min_mean_mib": round(statistics.mean(last) / 1024, 1),
+            "second_half_growth_pct": round(100 * growth, 1)}
+
+
 def rss_report(samples: list[tuple[float, int, int]]) -> dict:
     """First, max and last RSS (MiB), a per-minute series, and per process life whether the
     last sample is within +25% of that life's first minute."""
@@ -411,7 +430,8 @@ def rss_report(samples: list[tuple[float, int, int]]) -> dict:
         lives.append({"pid": pid, "from_s": life[0][0], "to_s": life[-1][0], "samples": len(life),
                       "first_minute_mean_mib": mib(base), "max_mib": mib(max(k for _, k in life)),
                       "last_mib": mib(life[-1][1]),
-                      "last_within_25pct_of_first_minute": life[-1][1] <= 1.25 * base})
+                      "last_within_25pct_of_first_minute": life[-1][1] <= 1.25 * base,
+                      **_second_half(life)})
     # A life of a few samples says nothing about growth: judge the lives of two minutes or more.
     judged = [life for life in lives if life["to_s"] - life["from_s"] >= 120] or lives
     first_minute = statistics.mean(per_minute[min(per_minute)])
@@ -601,7 +621,7 @@ class Soak:
             next_fault, next_status, k = period / 3, 60.0, 0
             while self.clock.now() < duration:
                 if self.clock.now() >= next_fault:
-                    self.fault(FAULTS[k % len(FAULTS)])
+                    self.fault(self.args.faults[k % len(self.args.faults)])
                     k += 1
                     next_fault = period * (k + 1 / 3)
                 if self.clock.now() >= next_status:
@@ -642,6 +662,7 @@ class Soak:
         lat = np.asarray(self.online.latencies_ms)
         return {
             "parameters": {"minutes": args.minutes, "fault_every_minutes": args.fault_every,
+                           "faults": args.faults,
                            "rows_per_second": args.rows_per_second,
                            "online_interval_s": args.online_interval,
                            "worker_batch_size": args.batch_size, "sidecars": 2,
@@ -669,6 +690,15 @@ class Soak:
         }
 
 
+def _fault_list(value: str) -> list[str]:
+    faults = [f.strip() for f in value.split(",") if f.strip()]
+    unknown = [f for f in faults if f not in FAULTS]
+    if unknown or not faults:
+        raise argparse.ArgumentTypeError(f"unknown fault {', '.join(unknown) or value!r}; "
+                                         f"choose from {', '.join(FAULTS)}")
+    return faults
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.soak", description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=30.0, help="how long the load runs")
@@ -677,6 +707,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--online-interval", type=float, default=0.02,
                         help="seconds between online queries")
     parser.add_argument("--batch-size", type=int, default=32, help="the in-process workers' batch")
+    parser.add_argument("--faults", type=_fault_list, default=list(FAULTS),
+                        help=f"comma list of the faults to inject in turn (default all: {','.join(FAULTS)})")
     parser.add_argument("--out", type=Path, required=True, help="where the JSON goes")
     args = parser.parse_args(argv)
     header = result_header("tools.soak", argv if argv is not None else sys.argv[1:])
@@ -685,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     result = Soak(args, log_dir).run()
     a = result["audit"]
-    missing = [f for f in FAULTS if f not in {r["what"] for r in result["faults"]}]
+    missing = [f for f in args.faults if f not in {r["what"] for r in result["faults"]}]
     unrecovered = [r["what"] for r in result["faults"] if r["recovery_s"] is None]
     ok = (a["lost"], a["stale"], a["duplicated"]) == (0, 0, 0) and result["drain"]["left_in_queue"] == 0
     out = {**header, "what": "mixed online and batch load on two CPU sidecars and an embedded "

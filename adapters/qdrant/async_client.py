@@ -18,7 +18,7 @@ from qdrant_client import AsyncQdrantClient, models
 from adapters.qdrant.client import QUERY_LANE, WRITE_LANE, FernQdrantMixin, with_fern_parameters
 from adapters.qdrant.collection import CollectionLayout, layout_from_config
 from adapters.qdrant.connection import FernConnection
-from adapters.qdrant.search import check_search, query_arguments, query_prompt
+from adapters.qdrant.search import check_search, query_arguments, query_prompt, reranks
 from adapters.qdrant.documents import FERN_PREFIX
 from sidecar.client import AsyncFernClient, FernClient
 
@@ -99,15 +99,17 @@ class AsyncFernQdrantClient(FernQdrantMixin, AsyncQdrantClient):
                      filter: models.Filter | None = None, hybrid: bool = True, *,
                      model: str | None = None, prompt: str | None = None,
                      prefetch_limit: int | None = None,
-                     with_payload: bool | list[str] = True) -> list[models.ScoredPoint]:
+                     with_payload: bool | list[str] = True,
+                     rerank: bool | None = None) -> list[models.ScoredPoint]:
         """The `k` best points for `text` (see FernQdrantClient.search): one sidecar call, one query."""
         layout = await self._layout(collection_name, model)
-        check_search(collection_name, text, k, hybrid, layout)
+        rerank = reranks(layout, rerank)
+        check_search(collection_name, text, k, hybrid, layout, rerank)
         if prompt is None:
             prompt = query_prompt(await self.fern.model(layout.model))
         emb = await self.fern.embed([text], model=layout.model, lane=QUERY_LANE, prompt=prompt,
-                                    sparse=hybrid)
-        arguments = query_arguments(emb, layout, k, filter, hybrid, prefetch_limit, with_payload)
+                                    sparse=hybrid, multivector=rerank)
+        arguments = query_arguments(emb, layout, k, filter, hybrid, prefetch_limit, with_payload, rerank)
         return (await super().query_points(collection_name, **arguments)).points
 
     async def _layout(self, collection_name: str, model: str | None) -> CollectionLayout:

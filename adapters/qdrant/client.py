@@ -163,11 +163,12 @@ class FernQdrantClient(FernQdrantMixin, QdrantClient):
 
     def setup_collection(self, collection_name: str, model: str = "", *, dense: str = DENSE,
                          sparse: str | None = SPARSE, quantization: str | None = None,
-                         datatype: str = "float32", on_disk: bool = False) -> CollectionLayout:
+                         datatype: str = "float32", on_disk: bool = False,
+                         multivector: str | bool | None = None) -> CollectionLayout:
         """Create a collection shaped for `model` (see collection.setup_collection)."""
         return _collection.setup_collection(self, self.fern, collection_name, model, dense=dense,
                                             sparse=sparse, quantization=quantization,
-                                            datatype=datatype, on_disk=on_disk)
+                                            datatype=datatype, on_disk=on_disk, multivector=multivector)
 
     def ingest(self, collection_name: str, records: Iterable[Any], *, text: TextSpec = "text",
                id: IdSpec = "id", payload: PayloadSpec = None, model: str | None = None,
@@ -188,8 +189,9 @@ class FernQdrantClient(FernQdrantMixin, QdrantClient):
                filter: models.Filter | None = None, hybrid: bool = True, *,
                model: str | None = None, prompt: str | None = None,
                prefetch_limit: int | None = None,
-               with_payload: bool | list[str] = True) -> list[models.ScoredPoint]:
-        """The `k` best points for `text`: dense + sparse fused by RRF, or dense only.
+               with_payload: bool | list[str] = True, rerank: bool | None = None) -> list[models.ScoredPoint]:
+        """The `k` best points for `text`: dense + sparse fused by RRF, or dense only; reranked by
+        the multi-vector's MaxSim when the collection has one (rerank=False: not).
 
         The query is embedded with prompt "query": the model's query prompt where it defines
         one, and BM25's query form of the sparse vector.
@@ -199,7 +201,7 @@ class FernQdrantClient(FernQdrantMixin, QdrantClient):
             prompt = self._query_prompt(layout.model)
         return _search.search(self, self.fern, collection_name, text, k, filter, hybrid,
                               layout=layout, prompt=prompt, prefetch_limit=prefetch_limit,
-                              with_payload=with_payload)
+                              with_payload=with_payload, rerank=rerank)
 
     def _layout(self, collection_name: str, model: str | None) -> CollectionLayout:
         return self._with_model(_collection.collection_layout(self, collection_name), model)

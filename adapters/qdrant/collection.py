@@ -12,6 +12,7 @@ from sidecar.client import FernClient, ModelInfo
 
 DENSE = "dense"
 SPARSE = "sparse"
+MULTIVECTOR = "colbert"
 _METADATA_KEY = "fern"
 _DISTANCES = {"cosine": models.Distance.COSINE, "dot": models.Distance.DOT}
 # Fern's encodings as Qdrant stores them: floats as a vector datatype, int8/binary as quantization.
@@ -24,15 +25,20 @@ class CollectionLayout:
     """Which sidecar model fills a collection and under which vector names.
 
     `model` is the sidecar's model name (as ListModels gives it); `sparse` is None for a
-    collection without the sparse lexical vector (no hybrid search).
+    collection without the sparse lexical vector (no hybrid search); `multivector` names the
+    model's multi-vectors (ColBERT, compared by MaxSim; searches rerank by it), None without.
     """
 
     model: str
     dense: str = DENSE
     sparse: str | None = SPARSE
+    multivector: str | None = None
 
     def metadata(self) -> dict[str, Any]:
-        return {_METADATA_KEY: {"model": self.model, "dense": self.dense, "sparse": self.sparse}}
+        stored = {"model": self.model, "dense": self.dense, "sparse": self.sparse}
+        if self.multivector is not None:
+            stored["multivector"] = self.multivector
+        return {_METADATA_KEY: stored}
 
 
 def quantization_config(quantization: str | None) -> models.QuantizationConfig | None:
@@ -50,19 +56,28 @@ def quantization_config(quantization: str | None) -> models.QuantizationConfig |
 def setup_collection(client: QdrantClient, fern: FernClient, collection: str, model: str = "", *,
                      dense: str = DENSE, sparse: str | bool | None = SPARSE,
                      quantization: str | None = None, datatype: str = "float32",
-                     on_disk: bool = False) -> CollectionLayout:
+                     on_disk: bool = False, multivector: str | bool | None = None) -> CollectionLayout:
     """Create `collection` for `model` unless it exists; returns its layout.
 
     The dense vector gets the model's size and distance (ListModels), the sparse one
-    Qdrant's IDF modifier (the sidecar sends saturated term frequencies only). An
-    existing collection is checked, not changed: a dense vector of the wrong size is an
-    error naming the collection. `sparse` is the sparse vector's name (True: "sparse";
-    None or False: no sparse vector).
+    Qdrant's IDF modifier (the sidecar sends BM25 term weights, the modifier adds the IDF; a model with
+    a learned sparse head, BGE-M3, sends finished weights and gets none). An existing
+    collection is checked, not changed: a dense vector of the wrong size is an error naming
+    the collection. `sparse` is the sparse vector's name (True: "sparse"; None or False: no
+    sparse vector). `multivector` adds the model's multi-vectors (True: "colbert"), compared
+    by MaxSim and used to rerank what the dense and sparse vectors find; without an HNSW
+    graph of their own, as nothing searches them directly. A model without a ColBERT head
+    (ListModels' multivector_dimensions 0) cannot have one.
     """
     if isinstance(sparse, bool):
         sparse = SPARSE if sparse else None
+    if isinstance(multivector, bool):
+        multivector = MULTIVECTOR if multivector else None
     info = fern.model(model)
-    layout = CollectionLayout(model=info.name, dense=dense, sparse=sparse)
+    if multivector and not info.multivector_dimensions:
+        raise ValueError(f"model {info.name!r} has no multi-vector (ColBERT) head; "
+                         f"create {collection!r} without multivector=")
+    layout = CollectionLayout(model=info.name, dense=dense, sparse=sparse, multivector=multivector)
     if client.collection_exists(collection):
         _check_existing(client, collection, layout, info)
         return layout
@@ -71,17 +86,30 @@ def setup_collection(client: QdrantClient, fern: FernClient, collection: str, mo
     if info.distance not in _DISTANCES:
         raise ValueError(f"model {info.name!r} suggests distance {info.distance!r}, "
                          f"which has no Qdrant equivalent here ({list(_DISTANCES)})")
+    vectors_config = {dense: models.VectorParams(
+        size=info.dimensions, distance=_DISTANCES[info.distance],
+        datatype=_DATATYPES[datatype], on_disk=on_disk)}
+    if multivector:
+        vectors_config[multivector] = multivector_params(info, datatype, on_disk)
+    modifier = None if info.learned_sparse else models.Modifier.IDF
     client.create_collection(
         collection,
-        vectors_config={dense: models.VectorParams(
-            size=info.dimensions, distance=_DISTANCES[info.distance],
-            datatype=_DATATYPES[datatype], on_disk=on_disk)},
+        vectors_config=vectors_config,
         sparse_vectors_config=(
-            {sparse: models.SparseVectorParams(modifier=models.Modifier.IDF)} if sparse else None),
+            {sparse: models.SparseVectorParams(modifier=modifier)} if sparse else None),
         quantization_config=quantization_config(quantization),
         metadata=layout.metadata(),
     )
     return layout
+
+
+def multivector_params(info: ModelInfo, datatype: str = "float32", on_disk: bool = False) -> models.VectorParams:
+    """The multi-vector of a model with a ColBERT head: its width, cosine (the vectors are
+    unit length), MaxSim between a query's and a point's vectors, no HNSW graph (m=0)."""
+    return models.VectorParams(
+        size=info.multivector_dimensions, distance=models.Distance.COSINE, datatype=_DATATYPES[datatype],
+        on_disk=on_disk, multivector_config=models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM),
+        hnsw_config=models.HnswConfigDiff(m=0))
 
 
 def collection_layout(client: QdrantClient, collection: str) -> CollectionLayout:
@@ -98,7 +126,7 @@ def layout_from_config(collection: str, config: models.CollectionConfig) -> Coll
     stored = (config.metadata or {}).get(_METADATA_KEY)
     if isinstance(stored, dict) and stored.get("dense"):
         return CollectionLayout(model=stored.get("model") or "", dense=stored["dense"],
-                                sparse=stored.get("sparse"))
+                                sparse=stored.get("sparse"), multivector=stored.get("multivector"))
     vectors = config.params.vectors
     if not isinstance(vectors, dict) or not vectors:
         raise ValueError(f"collection {collection!r} has no named dense vector; "
@@ -125,3 +153,7 @@ def _check_existing(client: QdrantClient, collection: str, layout: CollectionLay
     if layout.sparse and layout.sparse not in (params.sparse_vectors or {}):
         raise ValueError(f"collection {collection!r} exists without a sparse vector named "
                          f"{layout.sparse!r}; pass sparse=None for dense-only ingest")
+    if layout.multivector and (layout.multivector not in vectors
+                               or vectors[layout.multivector].multivector_config is None):
+        raise ValueError(f"collection {collection!r} exists without a multi-vector named "
+                         f"{layout.multivector!r}; leave multivector= out for it")

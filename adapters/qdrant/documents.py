@@ -10,8 +10,10 @@ very same object, so qdrant-client handles them exactly as it would without Fern
 
 Document options Fern reads (all optional): ``prompt`` (a prompt name the model
 defines), ``normalize`` (bool), ``dimensions`` (Matryoshka truncation), ``truncate``
-(bool, default true) and ``sparse`` (bool: the BM25 sparse vector instead of the dense
-one; with prompt "query", BM25's query form).
+(bool, default true), ``sparse`` (bool: the BM25 sparse vector instead of the dense one;
+with prompt "query", BM25's query form; a model's learned sparse weights where it has a
+learned sparse head) and ``multivector`` (bool: the model's ColBERT multi-vector, a list of
+vectors, for a MaxSim vector; models with a ColBERT head only).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from qdrant_client import models
 from sidecar.client import AsyncFernClient, Embeddings, FernClient, FernError, SparseVector
 
 FERN_PREFIX = "fern/"
-_OPTIONS = ("prompt", "normalize", "dimensions", "truncate", "sparse")
+_OPTIONS = ("prompt", "normalize", "dimensions", "truncate", "sparse", "multivector")
 # User JSON that qdrant-client never embeds: not worth walking value by value.
 _SKIPPED_FIELDS = frozenset({"payload", "payloads"})
 
@@ -87,10 +89,11 @@ def document_key(doc: models.Document, sidecar_model: str) -> tuple[EmbedKey, bo
 
 @dataclass
 class _Group:
-    """The distinct texts of one EmbedKey, and whether any Document wants dense / sparse."""
+    """The distinct texts of one EmbedKey, and whether any Document wants sparse / multi-vectors."""
 
     texts: dict[str, int] = field(default_factory=dict)
     sparse: bool = False
+    multivector: bool = False
 
 
 @dataclass
@@ -99,6 +102,8 @@ class DocumentPlan:
 
     documents: list[tuple[models.Document, EmbedKey, bool]]
     groups: dict[EmbedKey, _Group]
+    # Documents (by id) that asked for the multi-vector.
+    multivector: set[int] = field(default_factory=set)
 
     def __bool__(self) -> bool:
         return bool(self.documents)
@@ -134,7 +139,9 @@ class DocumentPlan:
         for doc, key, sparse in self.documents:
             row = self.groups[key].texts[doc.text]
             emb = results[key]
-            if sparse:
+            if id(doc) in self.multivector:
+                out[id(doc)] = emb.multivectors[row].tolist()
+            elif sparse:
                 out[id(doc)] = qdrant_sparse(emb.sparse[row])
             else:
                 out[id(doc)] = emb.vectors[row].astype("float32", copy=False).tolist()
@@ -148,7 +155,8 @@ def qdrant_sparse(vector: SparseVector) -> models.SparseVector:
 
 def _call_options(key: EmbedKey, group: _Group, lane: str) -> dict[str, Any]:
     return dict(model=key.model, lane=lane, prompt=key.prompt, normalize=key.normalize,
-                dimensions=key.dimensions, truncate=key.truncate, sparse=group.sparse)
+                dimensions=key.dimensions, truncate=key.truncate, sparse=group.sparse,
+                multivector=group.multivector)
 
 
 def _named_error(err: FernError, key: EmbedKey, group: _Group) -> FernError:
@@ -171,6 +179,7 @@ class DocumentEmbedder:
         """Collect the Fern Documents of `request` (any nesting of qdrant-client models)."""
         documents: list[tuple[models.Document, EmbedKey, bool]] = []
         groups: dict[EmbedKey, _Group] = {}
+        multivector: set[int] = set()
 
         def visit(doc: models.Document) -> None:
             sidecar_model = self.models.resolve(doc.model)
@@ -180,11 +189,17 @@ class DocumentEmbedder:
             group = groups.setdefault(key, _Group())
             group.texts.setdefault(doc.text, len(group.texts))
             group.sparse = group.sparse or sparse
+            if (doc.options or {}).get("multivector", False):
+                if sparse:
+                    raise ValueError(f"Document(model={doc.model!r}): options sparse and multivector "
+                                     "ask for two vectors; a Document is one of them")
+                multivector.add(id(doc))
+                group.multivector = True
             documents.append((doc, key, sparse))
             return None
 
         walk(request, visit)
-        return DocumentPlan(documents, groups)
+        return DocumentPlan(documents, groups, multivector)
 
     def substitute(self, request: Any, fern: FernClient, lane: str) -> Any:
         """`request` with its Fern Documents replaced by sidecar vectors (one call per option set)."""

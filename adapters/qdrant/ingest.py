@@ -184,7 +184,8 @@ def ingest(client: QdrantClient, fern: FernClient, collection: str, records: Ite
             collection=collection, rows_upserted=rows, rows_read=reader.rows_read)
 
     stream = fern.embed_stream(reader.requests(), model=layout.model, lane="batch",
-                               prompt=prompt, sparse=layout.sparse is not None)
+                               prompt=prompt, sparse=layout.sparse is not None,
+                               multivector=layout.multivector is not None)
     try:
         for result in stream:
             chunk = reader.take(result.request_id)
@@ -223,6 +224,8 @@ def _batch(chunk: _Chunk, emb: Embeddings, layout: CollectionLayout) -> models.B
     vectors: dict[str, list[Any]] = {layout.dense: emb.vectors.astype("float32", copy=False).tolist()}
     if layout.sparse is not None:
         vectors[layout.sparse] = [qdrant_sparse(s) for s in emb.sparse or ()]
+    if layout.multivector is not None:
+        vectors[layout.multivector] = [m.tolist() for m in emb.multivectors or ()]
     payloads = chunk.payloads if any(p is not None for p in chunk.payloads) else None
     return models.Batch(ids=[point_id(r) for r in chunk.record_ids], vectors=vectors,
                         payloads=payloads)

@@ -16,6 +16,7 @@ from torch import nn
 
 from core_engine.attention.base import AttentionBackend, AttentionMetadata
 from core_engine.config import ModelSpec
+from core_engine.heads import TokenHeads
 from core_engine.layers.embedding import Embedding
 from core_engine.layers.linear import QKVLinear, fuse_rows
 from core_engine.layers.mlp import DenseMLP
@@ -71,16 +72,26 @@ class BertEncoder(nn.Module):
         # after attention.
         self.pooler = Pooler(spec.pooling, len(self.layers), kernels.pool_early)
         self.causal = spec.causal
+        # BGE-M3's learned sparse and ColBERT heads, when the checkpoint has them.
+        self.heads = TokenHeads(hidden, spec.sparse_head, spec.colbert_dim) \
+            if spec.sparse_head or spec.colbert_dim else None
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                token_outputs: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Pooled [B, H]; with ``token_outputs`` (a model with heads), (pooled, heads [T, width])."""
         if meta.causal != self.causal:
             raise ValueError(f"meta.causal={meta.causal} but this model is causal={self.causal}")
+        if token_outputs and self.heads is None:
+            raise ValueError("token_outputs: this model has no sparse_linear.pt or colbert_linear.pt head")
         x = self.embed_norm(self.word_embeddings(input_ids) + self.position_embeddings(positions))
-        rows = self.pooler.rows(meta, x.shape[0])
+        # The heads read every token, so with them the last layer keeps every row.
+        rows = None if token_outputs else self.pooler.rows(meta, x.shape[0])
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             x = layer(x, meta, rows if i == last else None)
-        return self.pooler(x, meta)
+        if not token_outputs:
+            return self.pooler(x, meta)
+        return self.pooler.pool(x, meta), self.heads(x)
 
 
 _PREFIXES = ("bert.", "roberta.", "xlm_roberta.", "model.")

@@ -52,7 +52,8 @@ def embed_response(result: EmbedResult) -> np.ndarray:
 
 
 def sparse_response(result: EmbedResult) -> list[list[dict]]:
-    """TEI's /embed_sparse body: [[{"index", "value"}, ...], ...] from Fern's term-frequency vectors."""
+    """TEI's /embed_sparse body: [[{"index", "value"}, ...], ...] from Fern's sparse vectors: term
+    frequencies, or the learned sparse head's weights for a model that has one (BGE-M3)."""
     return [[{"index": int(i), "value": float(v)} for i, v in zip(indices.tolist(), values.tolist())]
             for indices, values in result.sparse or ()]
 

@@ -34,8 +34,12 @@ class Admission(SchedulerState):
         deadline: float | None = None,
         *,
         wait: bool = False,
-    ) -> np.ndarray:
+        token_outputs: bool = False,
+    ) -> np.ndarray | tuple[np.ndarray, list]:
         """Embed token-id sequences; returns float32 [N, D] raw pooled vectors in input order.
+
+        With `token_outputs` (an engine whose model has token heads), returns (vectors, rows):
+        `rows[i]` is sequence i's core_engine.token_outputs.TokenRows.
 
         Raises QueueFull at once when the lane has no room (with `wait=True` it waits its
         turn for room instead, FIFO with other waiters: the stream path), Draining after
@@ -45,8 +49,10 @@ class Admission(SchedulerState):
         lane = Lane(lane)
         self._check_open()
         request = self._new_request(sequences, lane, deadline)
+        if token_outputs:
+            request.token_out = [None] * request.size
         if request.size == 0:
-            return request.out
+            return request.out if request.token_out is None else (request.out, request.token_out)
         if request.expired(time.monotonic()):
             with self._cond:  # the engine thread counts expiries too
                 self._counters[lane].expired += 1
@@ -204,7 +210,8 @@ class Admission(SchedulerState):
                 if request.dropped:
                     future.cancel()
                 else:
-                    future.set_result(request.out)
+                    future.set_result(request.out if request.token_out is None
+                                      else (request.out, request.token_out))
             else:
                 future.set_exception(error)
         self._live.discard(request)

@@ -53,7 +53,7 @@ class LoopLaunch(StepLifecycle):
         engine = worker.engine
         adopted = None
         try:
-            prepared = self._call(worker, step, engine.prepare, step.sequences)
+            prepared = self._prepare(worker, step)
             if prepared is FAILED:
                 return
             cheap = self._call(worker, step, getattr(engine, "replays", _replays), prepared)

@@ -64,7 +64,7 @@ class Pipeline(StepLifecycle):
                 return
             prepared: Any = FAILED
             if nxt is not None:
-                prepared = self._call(worker, nxt, worker.engine.prepare, nxt.sequences)
+                prepared = self._prepare(worker, nxt)
                 if prepared is FAILED:
                     nxt = None
             waited = bool(in_flight)
@@ -93,7 +93,7 @@ class Pipeline(StepLifecycle):
     def _launch(self, worker: Worker, step: Step, prepared: Any, in_flight: deque) -> None:
         """Prepare (when `prepared` is None) and start a step; a failure fails its requests."""
         if prepared is None:
-            prepared = self._call(worker, step, worker.engine.prepare, step.sequences)
+            prepared = self._prepare(worker, step)
             if prepared is FAILED:
                 return
         handle = self._call(worker, step, worker.engine.step, prepared)
@@ -184,7 +184,7 @@ class Pipeline(StepLifecycle):
             fresh = self._compose_locked(worker)
         if fresh is None:
             return None, FAILED
-        prepared = self._call(worker, fresh, worker.engine.prepare, fresh.sequences)
+        prepared = self._prepare(worker, fresh)
         return (fresh, prepared) if prepared is not FAILED else (None, FAILED)
 
     def _jump_step(self, worker: Worker, step: Step) -> Step | None:

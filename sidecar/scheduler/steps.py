@@ -68,6 +68,13 @@ class StepLifecycle(SchedulerState):
             self._fail(worker, step, error)
             return FAILED
 
+    def _prepare(self, worker: Worker, step: Step) -> Any:
+        """`engine.prepare` for `step` (FAILED if it raised), asking for token outputs when a request
+        in the step wants them."""
+        if any(chunk.request.token_out is not None for chunk in step.chunks):
+            return self._call(worker, step, worker.engine.prepare, step.sequences, True)
+        return self._call(worker, step, worker.engine.prepare, step.sequences)
+
     def _launched(self, worker: Worker, step: Step, *, by_loop: bool = False) -> None:
         with self._cond:
             worker.loop_launches += by_loop
@@ -95,10 +102,17 @@ class StepLifecycle(SchedulerState):
             self._loads.notify_all()
         self._post(outcomes, room_freed=True)
 
-    def _deliver(self, worker: Worker, step: Step, rows: np.ndarray, *, on_loop: bool = False) -> None:
+    def _deliver(self, worker: Worker, step: Step, rows: Any, *, on_loop: bool = False) -> None:
         """Copy a finished step's rows into their requests; post the requests now complete
-        (settle them at once when called on the loop)."""
+        (settle them at once when called on the loop).
+
+        `rows` is the pooled float32 [B, D], or a core_engine.token_outputs.StepResult (pooled, token
+        outputs) for a step prepared with token outputs.
+        """
         outcomes: list[tuple[Request, BaseException | None]] = []
+        tokens = getattr(rows, "tokens", None)
+        if tokens is not None:
+            rows = rows.pooled
         with self._cond:
             worker.load -= step.tokens
             offset = 0
@@ -107,6 +121,9 @@ class StepLifecycle(SchedulerState):
                 n = chunk.size
                 if not request.dropped:
                     request.out[chunk.start : chunk.end] = rows[offset : offset + n]
+                    if request.token_out is not None and tokens is not None:
+                        for j in range(n):
+                            request.token_out[chunk.start + j] = tokens.rows(offset + j)
                     self._counters[request.lane].tokens += chunk.tokens
                     request.remaining -= n
                     if request.remaining == 0:

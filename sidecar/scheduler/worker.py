@@ -13,6 +13,9 @@ class EngineLike(Protocol):
 
     spec: Any  # has .dimensions
 
+    # A step carrying a request that asked for token outputs is prepared with a second
+    # argument, token_outputs=True (engines whose model has token heads); its handle's result()
+    # is then a core_engine.token_outputs.StepResult.
     def prepare(self, sequences: Sequence[Sequence[int]]) -> Any: ...
 
     def step(self, prepared: Any) -> Any: ...  # a handle with .done() and .result()

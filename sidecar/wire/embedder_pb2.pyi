@@ -39,7 +39,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("request_id", "model", "texts", "token_ids", "lane", "prompt_name", "normalize", "truncation", "dimensions", "encoding", "return_sparse")
+    __slots__ = ("request_id", "model", "texts", "token_ids", "lane", "prompt_name", "normalize", "truncation", "dimensions", "encoding", "return_sparse", "return_multivector")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXTS_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class EmbedRequest(_message.Message):
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     ENCODING_FIELD_NUMBER: _ClassVar[int]
     RETURN_SPARSE_FIELD_NUMBER: _ClassVar[int]
+    RETURN_MULTIVECTOR_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     texts: _containers.RepeatedScalarFieldContainer[str]
@@ -62,7 +63,8 @@ class EmbedRequest(_message.Message):
     dimensions: int
     encoding: Encoding
     return_sparse: bool
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., lane: _Optional[_Union[Lane, str]] = ..., prompt_name: _Optional[str] = ..., normalize: _Optional[bool] = ..., truncation: _Optional[_Union[Truncation, str]] = ..., dimensions: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., return_sparse: _Optional[bool] = ...) -> None: ...
+    return_multivector: bool
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., lane: _Optional[_Union[Lane, str]] = ..., prompt_name: _Optional[str] = ..., normalize: _Optional[bool] = ..., truncation: _Optional[_Union[Truncation, str]] = ..., dimensions: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., return_sparse: _Optional[bool] = ..., return_multivector: _Optional[bool] = ...) -> None: ...
 
 class SparseVector(_message.Message):
     __slots__ = ("indices", "values")
@@ -83,7 +85,7 @@ class Error(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
-    __slots__ = ("request_id", "model", "count", "dimensions", "encoding", "vectors", "token_counts", "sparse", "error")
+    __slots__ = ("request_id", "model", "count", "dimensions", "encoding", "vectors", "token_counts", "sparse", "error", "multivectors", "multivector_counts", "multivector_dimensions")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +95,9 @@ class EmbedResponse(_message.Message):
     TOKEN_COUNTS_FIELD_NUMBER: _ClassVar[int]
     SPARSE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    MULTIVECTORS_FIELD_NUMBER: _ClassVar[int]
+    MULTIVECTOR_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    MULTIVECTOR_DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     count: int
@@ -102,7 +107,10 @@ class EmbedResponse(_message.Message):
     token_counts: _containers.RepeatedScalarFieldContainer[int]
     sparse: _containers.RepeatedCompositeFieldContainer[SparseVector]
     error: Error
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., count: _Optional[int] = ..., dimensions: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., vectors: _Optional[bytes] = ..., token_counts: _Optional[_Iterable[int]] = ..., sparse: _Optional[_Iterable[_Union[SparseVector, _Mapping]]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+    multivectors: bytes
+    multivector_counts: _containers.RepeatedScalarFieldContainer[int]
+    multivector_dimensions: int
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., count: _Optional[int] = ..., dimensions: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., vectors: _Optional[bytes] = ..., token_counts: _Optional[_Iterable[int]] = ..., sparse: _Optional[_Iterable[_Union[SparseVector, _Mapping]]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., multivectors: _Optional[bytes] = ..., multivector_counts: _Optional[_Iterable[int]] = ..., multivector_dimensions: _Optional[int] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()
@@ -117,7 +125,7 @@ class Prompt(_message.Message):
     def __init__(self, name: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "dimensions", "max_tokens", "pooling", "prompts", "default_prompt_name", "normalize", "matryoshka_dimensions", "vocab_size", "distance", "native_int8")
+    __slots__ = ("name", "dimensions", "max_tokens", "pooling", "prompts", "default_prompt_name", "normalize", "matryoshka_dimensions", "vocab_size", "distance", "native_int8", "learned_sparse", "multivector_dimensions")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +137,8 @@ class ModelInfo(_message.Message):
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     DISTANCE_FIELD_NUMBER: _ClassVar[int]
     NATIVE_INT8_FIELD_NUMBER: _ClassVar[int]
+    LEARNED_SPARSE_FIELD_NUMBER: _ClassVar[int]
+    MULTIVECTOR_DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     name: str
     dimensions: int
     max_tokens: int
@@ -140,7 +150,9 @@ class ModelInfo(_message.Message):
     vocab_size: int
     distance: str
     native_int8: bool
-    def __init__(self, name: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_tokens: _Optional[int] = ..., pooling: _Optional[str] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., default_prompt_name: _Optional[str] = ..., normalize: _Optional[bool] = ..., matryoshka_dimensions: _Optional[_Iterable[int]] = ..., vocab_size: _Optional[int] = ..., distance: _Optional[str] = ..., native_int8: _Optional[bool] = ...) -> None: ...
+    learned_sparse: bool
+    multivector_dimensions: int
+    def __init__(self, name: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_tokens: _Optional[int] = ..., pooling: _Optional[str] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., default_prompt_name: _Optional[str] = ..., normalize: _Optional[bool] = ..., matryoshka_dimensions: _Optional[_Iterable[int]] = ..., vocab_size: _Optional[int] = ..., distance: _Optional[str] = ..., native_int8: _Optional[bool] = ..., learned_sparse: _Optional[bool] = ..., multivector_dimensions: _Optional[int] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models", "default_model")
