@@ -46,7 +46,8 @@ def parse(payload: dict, lane_header: str | None, default_model: str, max_inputs
         texts=texts, model=model, lane=get_lane(payload, lane_header),
         prompt_name=get_str(payload, "prompt_name"), normalize=get_bool(payload, "normalize", None),
         truncate=bool(get_bool(payload, "truncate", True)), dimensions=get_dimensions(payload),
-        encoding=get_encoding(payload), return_sparse=bool(get_bool(payload, "sparse", False)))
+        encoding=get_encoding(payload), return_sparse=bool(get_bool(payload, "sparse", False)),
+        sparse_language=get_str(payload, "sparse_language"))
     return params, encoding_format
 
 

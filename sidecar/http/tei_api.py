@@ -3,7 +3,7 @@
 As in TEI, `truncate` defaults to false (an input over the model's limit is a 413) and
 `normalize` to true; `truncation_direction` "right" is the only one Fern cuts by (the end
 of the text). Fern's extras: `model` (a served name; default the default model), `lane`
-(or the X-Fern-Lane header) and `dimensions`.
+(or the X-Fern-Lane header), `dimensions` and `sparse_language` (the BM25 sparse vectors').
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def parse_embed(payload: dict, lane_header: str | None, max_inputs: int, *, spar
         texts=get_texts(payload, FIELD, max_inputs, token_refusal), model=get_str(payload, "model"),
         lane=get_lane(payload, lane_header), prompt_name=get_str(payload, "prompt_name"),
         normalize=get_bool(payload, "normalize", True), truncate=_truncate(payload),
-        dimensions=get_dimensions(payload), return_sparse=sparse, dense=not sparse)
+        dimensions=get_dimensions(payload), return_sparse=sparse, dense=not sparse,
+        sparse_language=get_str(payload, "sparse_language"))
 
 
 def embed_response(result: EmbedResult) -> np.ndarray:

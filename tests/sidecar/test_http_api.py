@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.client import FernClient
+from sidecar.lexical import term_index
 from tests.sidecar.lane_holder import batch_lane_held, until_refused
 
 TOKEN = "api-s3cret"
@@ -192,6 +193,8 @@ BAD_TEI = [
      "validation"),
     ("NUL on /", "/", {"inputs": "a\u0000"}, 422, "inputs[0]: contains a NUL character", "validation"),
     ("sparse, empty text", "/embed_sparse", {"inputs": [""]}, 400, "inputs[0]: empty text", "empty"),
+    ("sparse, unknown language", "/embed_sparse", {"inputs": ["x"], "sparse_language": "klingon"}, 422,
+     "sparse_language: 'klingon' is not a language of the BM25 sparse vectors (known: danish", "validation"),
     ("tokenize, bad prompt", "/tokenize", {"inputs": "x", "prompt_name": "nope"}, 422, "prompt_name: 'nope'",
      "validation"),
     ("unknown model", "/embed", {"inputs": "x", "model": "bge-m3"}, 404, "'bge-m3' is not served here", "validation"),
@@ -224,7 +227,10 @@ def test_tei_routes_answer_in_tei_shapes(address, served):
     assert [[t["index"] for t in row] for row in sparse] == [s.indices.tolist() for s in reference.sparse]
     for row, want in zip(sparse, reference.sparse):
         assert [t["value"] for t in row] == pytest.approx(want.values.tolist(), rel=1e-6)
-    assert engine_steps(served) == steps  # sparse vectors come from the tokenizer: no engine step ran
+    assert engine_steps(served) == steps  # sparse vectors come from the text: no engine step ran
+    status, german, _ = call(address, "POST", "/embed_sparse", {"inputs": ["die Katzen"], "prompt_name": "query",
+                                                                "sparse_language": "german"})
+    assert status == 200 and german == [[{"index": term_index("katz"), "value": 1.0}]]
     status, tokens, _ = call(address, "POST", "/tokenize", {"inputs": "hello there"})
     assert status == 200 and [t["text"] for t in tokens[0]] == ["[CLS]", "hello", "there", "[SEP]"]
     assert tokens[0][1] == {"id": 7592, "text": "hello", "special": False, "start": 0, "stop": 5}
