@@ -1,0 +1,61 @@
+"""GPU parity of the cross-encoders: bf16 scores through eager, captured and replayed steps against transformers fp32."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.models import TINY_RERANKERS, reranker_model, save_reranker_dir
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+QUERY = "which engine reranks search results on a GPU?"
+DOCUMENTS = [f"document {i}: " + "packed cross-encoder steps score query and document pairs " * (1 + i % 7)
+             for i in range(24)]
+
+
+def _randomize(model: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name and name.endswith("weight"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+            else:
+                p.copy_(0.08 * torch.randn(p.shape, generator=g))
+
+
+@pytest.mark.parametrize("family", ["bert", "xlm-roberta"])
+def test_bf16_scores_match_transformers_through_graph_replay(tmp_path: Path, family: str) -> None:
+    from core_engine.engine import Engine
+    from sidecar.tokenize.pairs import PairTokenizer
+
+    torch.manual_seed(3)
+    hf = reranker_model(TINY_RERANKERS[family]).eval()
+    _randomize(hf, 3)
+    path = save_reranker_dir(hf, tmp_path / family)  # the bundled MiniLM tokenizer: BERT's pair layout
+    hf = hf.to("cuda", torch.float32)
+    engine = Engine(path, device="cuda")
+    assert engine.dtype == torch.bfloat16
+    sequences = PairTokenizer.for_spec(engine.spec).encode(QUERY, DOCUMENTS)
+    vocab = engine.spec.vocab_size
+    ref = []
+    with torch.inference_mode():
+        for s in sequences:
+            ids = torch.tensor([[t % vocab for t in s]], device="cuda")
+            types = torch.tensor([[int(t >= vocab) for t in s]], device="cuda")
+            if engine.spec.token_types == 1:
+                types = torch.zeros_like(types)
+            ref.append(hf(input_ids=ids, token_type_ids=types).logits[0, 0].item())
+    ref = np.asarray(ref, dtype=np.float32)
+    runs = [engine.score(sequences) for _ in range(3)]  # eager, capture, replay
+    c = engine.counters
+    assert (c.eager_runs, c.captures, c.replays) == (1, 1, 1)
+    for scores in runs:
+        assert np.abs(scores - ref).max() <= 1e-2 * np.abs(ref).max() + 1e-2
+    np.testing.assert_array_equal(runs[1], runs[2])
