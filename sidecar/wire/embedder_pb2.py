@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65rn/v1/embedder.proto\x12\x07\x66\x65rn.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xb7\x02\n\x0c\x45mbedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\r\n\x05texts\x18\x03 \x03(\t\x12$\n\ttoken_ids\x18\x04 \x03(\x0b\x32\x11.fern.v1.TokenIds\x12\x1b\n\x04lane\x18\x05 \x01(\x0e\x32\r.fern.v1.Lane\x12\x13\n\x0bprompt_name\x18\x06 \x01(\t\x12\x16\n\tnormalize\x18\x07 \x01(\x08H\x00\x88\x01\x01\x12\'\n\ntruncation\x18\x08 \x01(\x0e\x32\x13.fern.v1.Truncation\x12\x12\n\ndimensions\x18\t \x01(\r\x12#\n\x08\x65ncoding\x18\n \x01(\x0e\x32\x11.fern.v1.Encoding\x12\x15\n\rreturn_sparse\x18\x0b \x01(\x08\x42\x0c\n\n_normalize\"/\n\x0cSparseVector\x12\x0f\n\x07indices\x18\x01 \x03(\r\x12\x0e\n\x06values\x18\x02 \x03(\x02\"5\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\"\xe7\x01\n\rEmbedResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12\x12\n\ndimensions\x18\x04 \x01(\r\x12#\n\x08\x65ncoding\x18\x05 \x01(\x0e\x32\x11.fern.v1.Encoding\x12\x0f\n\x07vectors\x18\x06 \x01(\x0c\x12\x14\n\x0ctoken_counts\x18\x07 \x03(\r\x12%\n\x06sparse\x18\x08 \x03(\x0b\x32\x15.fern.v1.SparseVector\x12\x1d\n\x05\x65rror\x18\t \x01(\x0b\x32\x0e.fern.v1.Error\"\x13\n\x11ListModelsRequest\"$\n\x06Prompt\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\"\xfe\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ndimensions\x18\x02 \x01(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x0f\n\x07pooling\x18\x04 \x01(\t\x12 \n\x07prompts\x18\x05 \x03(\x0b\x32\x0f.fern.v1.Prompt\x12\x1b\n\x13\x64\x65\x66\x61ult_prompt_name\x18\x06 \x01(\t\x12\x11\n\tnormalize\x18\x07 \x01(\x08\x12\x1d\n\x15matryoshka_dimensions\x18\x08 \x03(\r\x12\x12\n\nvocab_size\x18\t \x01(\r\x12\x10\n\x08\x64istance\x18\n \x01(\t\x12\x13\n\x0bnative_int8\x18\x0b \x01(\x08\"O\n\x12ListModelsResponse\x12\"\n\x06models\x18\x01 \x03(\x0b\x32\x12.fern.v1.ModelInfo\x12\x15\n\rdefault_model\x18\x02 \x01(\t*\'\n\x04Lane\x12\x0f\n\x0bLANE_ONLINE\x10\x00\x12\x0e\n\nLANE_BATCH\x10\x01*6\n\nTruncation\x12\x12\n\x0eTRUNCATION_END\x10\x00\x12\x14\n\x10TRUNCATION_ERROR\x10\x01*^\n\x08\x45ncoding\x12\x14\n\x10\x45NCODING_FLOAT32\x10\x00\x12\x14\n\x10\x45NCODING_FLOAT16\x10\x01\x12\x11\n\rENCODING_INT8\x10\x02\x12\x13\n\x0f\x45NCODING_BINARY\x10\x03\x32\xcb\x01\n\x08\x45mbedder\x12\x36\n\x05\x45mbed\x12\x15.fern.v1.EmbedRequest\x1a\x16.fern.v1.EmbedResponse\x12@\n\x0b\x45mbedStream\x12\x15.fern.v1.EmbedRequest\x1a\x16.fern.v1.EmbedResponse(\x01\x30\x01\x12\x45\n\nListModels\x12\x1a.fern.v1.ListModelsRequest\x1a\x1b.fern.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65rn/v1/embedder.proto\x12\x07\x66\x65rn.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xb7\x02\n\x0c\x45mbedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\r\n\x05texts\x18\x03 \x03(\t\x12$\n\ttoken_ids\x18\x04 \x03(\x0b\x32\x11.fern.v1.TokenIds\x12\x1b\n\x04lane\x18\x05 \x01(\x0e\x32\r.fern.v1.Lane\x12\x13\n\x0bprompt_name\x18\x06 \x01(\t\x12\x16\n\tnormalize\x18\x07 \x01(\x08H\x00\x88\x01\x01\x12\'\n\ntruncation\x18\x08 \x01(\x0e\x32\x13.fern.v1.Truncation\x12\x12\n\ndimensions\x18\t \x01(\r\x12#\n\x08\x65ncoding\x18\n \x01(\x0e\x32\x11.fern.v1.Encoding\x12\x15\n\rreturn_sparse\x18\x0b \x01(\x08\x42\x0c\n\n_normalize\"/\n\x0cSparseVector\x12\x0f\n\x07indices\x18\x01 \x03(\r\x12\x0e\n\x06values\x18\x02 \x03(\x02\"5\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\"\xe7\x01\n\rEmbedResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12\x12\n\ndimensions\x18\x04 \x01(\r\x12#\n\x08\x65ncoding\x18\x05 \x01(\x0e\x32\x11.fern.v1.Encoding\x12\x0f\n\x07vectors\x18\x06 \x01(\x0c\x12\x14\n\x0ctoken_counts\x18\x07 \x03(\r\x12%\n\x06sparse\x18\x08 \x03(\x0b\x32\x15.fern.v1.SparseVector\x12\x1d\n\x05\x65rror\x18\t \x01(\x0b\x32\x0e.fern.v1.Error\"\x13\n\x11ListModelsRequest\"$\n\x06Prompt\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\"\x8c\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ndimensions\x18\x02 \x01(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x0f\n\x07pooling\x18\x04 \x01(\t\x12 \n\x07prompts\x18\x05 \x03(\x0b\x32\x0f.fern.v1.Prompt\x12\x1b\n\x13\x64\x65\x66\x61ult_prompt_name\x18\x06 \x01(\t\x12\x11\n\tnormalize\x18\x07 \x01(\x08\x12\x1d\n\x15matryoshka_dimensions\x18\x08 \x03(\r\x12\x12\n\nvocab_size\x18\t \x01(\r\x12\x10\n\x08\x64istance\x18\n \x01(\t\x12\x13\n\x0bnative_int8\x18\x0b \x01(\x08\x12\x0c\n\x04kind\x18\x0c \x01(\t\"O\n\x12ListModelsResponse\x12\"\n\x06models\x18\x01 \x03(\x0b\x32\x12.fern.v1.ModelInfo\x12\x15\n\rdefault_model\x18\x02 \x01(\t\"\xd7\x01\n\rRerankRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\r\n\x05query\x18\x03 \x01(\t\x12\x11\n\tdocuments\x18\x04 \x03(\t\x12\r\n\x05top_n\x18\x05 \x01(\r\x12\x12\n\nraw_scores\x18\x06 \x01(\x08\x12\x18\n\x10return_documents\x18\x07 \x01(\x08\x12\'\n\ntruncation\x18\x08 \x01(\x0e\x32\x13.fern.v1.Truncation\x12\x1b\n\x04lane\x18\t \x01(\x0e\x32\r.fern.v1.Lane\"@\n\x0eRankedDocument\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x10\n\x08\x64ocument\x18\x03 \x01(\t\"s\n\x0eRerankResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12(\n\x07results\x18\x03 \x03(\x0b\x32\x17.fern.v1.RankedDocument\x12\x14\n\x0ctoken_counts\x18\x04 \x03(\r*\'\n\x04Lane\x12\x0f\n\x0bLANE_ONLINE\x10\x00\x12\x0e\n\nLANE_BATCH\x10\x01*6\n\nTruncation\x12\x12\n\x0eTRUNCATION_END\x10\x00\x12\x14\n\x10TRUNCATION_ERROR\x10\x01*^\n\x08\x45ncoding\x12\x14\n\x10\x45NCODING_FLOAT32\x10\x00\x12\x14\n\x10\x45NCODING_FLOAT16\x10\x01\x12\x11\n\rENCODING_INT8\x10\x02\x12\x13\n\x0f\x45NCODING_BINARY\x10\x03\x32\x86\x02\n\x08\x45mbedder\x12\x36\n\x05\x45mbed\x12\x15.fern.v1.EmbedRequest\x1a\x16.fern.v1.EmbedResponse\x12@\n\x0b\x45mbedStream\x12\x15.fern.v1.EmbedRequest\x1a\x16.fern.v1.EmbedResponse(\x01\x30\x01\x12\x45\n\nListModels\x12\x1a.fern.v1.ListModelsRequest\x1a\x1b.fern.v1.ListModelsResponse\x12\x39\n\x06Rerank\x12\x16.fern.v1.RerankRequest\x1a\x17.fern.v1.RerankResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fern.v1.embedder_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LANE']._serialized_start=1109
-  _globals['_LANE']._serialized_end=1148
-  _globals['_TRUNCATION']._serialized_start=1150
-  _globals['_TRUNCATION']._serialized_end=1204
-  _globals['_ENCODING']._serialized_start=1206
-  _globals['_ENCODING']._serialized_end=1300
+  _globals['_LANE']._serialized_start=1524
+  _globals['_LANE']._serialized_end=1563
+  _globals['_TRUNCATION']._serialized_start=1565
+  _globals['_TRUNCATION']._serialized_end=1619
+  _globals['_ENCODING']._serialized_start=1621
+  _globals['_ENCODING']._serialized_end=1715
   _globals['_TOKENIDS']._serialized_start=35
   _globals['_TOKENIDS']._serialized_end=58
   _globals['_EMBEDREQUEST']._serialized_start=61
@@ -52,9 +52,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROMPT']._serialized_start=733
   _globals['_PROMPT']._serialized_end=769
   _globals['_MODELINFO']._serialized_start=772
-  _globals['_MODELINFO']._serialized_end=1026
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1028
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1107
-  _globals['_EMBEDDER']._serialized_start=1303
-  _globals['_EMBEDDER']._serialized_end=1506
+  _globals['_MODELINFO']._serialized_end=1040
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1042
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1121
+  _globals['_RERANKREQUEST']._serialized_start=1124
+  _globals['_RERANKREQUEST']._serialized_end=1339
+  _globals['_RANKEDDOCUMENT']._serialized_start=1341
+  _globals['_RANKEDDOCUMENT']._serialized_end=1405
+  _globals['_RERANKRESPONSE']._serialized_start=1407
+  _globals['_RERANKRESPONSE']._serialized_end=1522
+  _globals['_EMBEDDER']._serialized_start=1718
+  _globals['_EMBEDDER']._serialized_end=1980
 # @@protoc_insertion_point(module_scope)
