@@ -229,12 +229,50 @@ def save_reranker_dir(model: torch.nn.Module, out_dir: str | Path, tokenizer_fro
 
 def build_random_reranker(arch: Arch | str, out_dir: str | Path, *, seed: int = 0,
                           dtype: torch.dtype = torch.float32, tokenizer_from: str | Path | None = None) -> Path:
-    """A cross-encoder directory with seeded random weights (transformers' own initialization)."""
+    """A cross-encoder directory with seeded random weights (transformers' own initialization).
+
+    Rebuilding an existing directory is skipped when its marker matches."""
     if isinstance(arch, str):
         arch = RERANKERS[arch] if arch in RERANKERS else TINY_RERANKERS[arch]
+    marker = Path(out_dir) / "fern-random.json"
+    fingerprint = json.dumps(dict(config=arch.config, family=arch.family, seed=seed, dtype=str(dtype),
+                                  tokenizer=str(tokenizer_from)), sort_keys=True)
+    if marker.is_file() and marker.read_text() == fingerprint:
+        return Path(out_dir)
     torch.manual_seed(seed)
     model = reranker_model(arch).to(dtype)
-    return save_reranker_dir(model, out_dir, tokenizer_from)
+    out = save_reranker_dir(model, out_dir, tokenizer_from)
+    if arch.family == "xlm-roberta" and tokenizer_from is None:
+        xlmr_pair_layout(out)
+    marker.write_text(fingerprint)
+    return out
+
+
+def xlmr_pair_layout(model_dir: str | Path) -> None:
+    """Give the WordPiece tokenizer in `model_dir` XLM-R's pair layout, for an XLM-R model with BERT's vocabulary.
+
+    ``[CLS] A [SEP] [SEP] B [SEP]``, all token type 0 (``[CLS]``/``[SEP]`` stand for ``<s>``/``</s>``),
+    and a tokenizer_config.json that has transformers read tokenizer.json as it is and send no
+    token_type_ids, as XLM-R's tokenizer does: every reader of the directory gets the same ids.
+    """
+    out = Path(model_dir)
+    tokenizer = json.loads((out / "tokenizer.json").read_text())
+    cls, sep = ({"id": t, "type_id": 0} for t in ("[CLS]", "[SEP]"))
+    piece = {"Sequence": {"id": "A", "type_id": 0}}
+    second = {"Sequence": {"id": "B", "type_id": 0}}
+    specials = tokenizer["post_processor"]["special_tokens"]
+    tokenizer["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": cls}, piece, {"SpecialToken": sep}],
+        "pair": [{"SpecialToken": cls}, piece, {"SpecialToken": sep}, {"SpecialToken": sep}, second,
+                 {"SpecialToken": sep}],
+        "special_tokens": {k: specials[k] for k in ("[CLS]", "[SEP]")},
+    }
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_input_names": ["input_ids", "attention_mask"],
+        "model_max_length": 512, "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+        "unk_token": "[UNK]", "mask_token": "[MASK]"}))
 
 
 def unigram_tokenizer(path: str | Path, texts: list[str], vocab_size: int = 300) -> Path:
