@@ -199,3 +199,11 @@ def test_cohere_sdk_rerank_v1_and_v2(served, client):
     with pytest.raises(cohere.errors.UnauthorizedError):
         cohere.Client(api_key="wrong", base_url=served.http_url, timeout=60).rerank(
             model=RERANKER, query=QUERY, documents=DOCUMENTS)
+
+
+def test_a_refused_rerank_is_logged_with_its_documents(served, client):
+    with pytest.raises(FernError):
+        client.rerank(QUERY, ["d"] * 1001, request_id="too-many")
+    lines = [line for line in served.log_path.read_text().splitlines() if "request_id=too-many" in line]
+    assert lines and "method=Rerank" in lines[-1] and "status=INVALID_ARGUMENT" in lines[-1]
+    assert "inputs=1001" in lines[-1] and "lane=online" in lines[-1]
