@@ -353,9 +353,10 @@ def _scheduler_error(error: Exception, lane: Lane) -> EmbedError:
 class RerankParams:
     """One rerank request, as every front end (gRPC, HTTP) describes it.
 
-    `model` "" is the default model if it is a reranker, else the first reranker served; `top_n` 0 returns every
-    document; `raw_scores` gives the model's logits instead of sigmoid(logit); `truncate`
-    cuts the end of a document whose pair is over the model's limit (the query is never cut).
+    `model` "" is the default model if it is a reranker, else the first reranker served;
+    `top_n` 0 returns every document; `raw_scores` gives the model's logits instead of
+    sigmoid(logit); `truncate` cuts the end of a document whose pair is over the model's
+    limit (the query is never cut).
     """
 
     query: str
