@@ -202,8 +202,15 @@ def test_cohere_sdk_rerank_v1_and_v2(served, client):
 
 
 def test_a_refused_rerank_is_logged_with_its_documents(served, client):
+    import time
+
     with pytest.raises(FernError):
         client.rerank(QUERY, ["d"] * 1001, request_id="too-many")
-    lines = [line for line in served.log_path.read_text().splitlines() if "request_id=too-many" in line]
+    # The line is written once the status has gone out: wait for it (bounded, not timed).
+    deadline = time.monotonic() + 30
+    lines: list[str] = []
+    while not lines and time.monotonic() < deadline:
+        lines = [line for line in served.log_path.read_text().splitlines() if "request_id=too-many" in line]
+        time.sleep(0.05)
     assert lines and "method=Rerank" in lines[-1] and "status=INVALID_ARGUMENT" in lines[-1]
     assert "inputs=1001" in lines[-1] and "lane=online" in lines[-1]
