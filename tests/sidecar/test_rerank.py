@@ -214,3 +214,15 @@ def test_a_refused_rerank_is_logged_with_its_documents(served, client):
         time.sleep(0.05)
     assert lines and "method=Rerank" in lines[-1] and "status=INVALID_ARGUMENT" in lines[-1]
     assert "inputs=1001" in lines[-1] and "lane=online" in lines[-1]
+
+
+def test_many_documents_on_the_batch_lane_keep_their_indices(client, reranker):
+    # 300 documents: more than one scheduler chunk (256 inputs), scored in several steps.
+    hf, path = reranker
+    documents = [f"{DOCUMENTS[i % len(DOCUMENTS)]} (variant {i})" for i in range(300)]
+    ranked = client.rerank(QUERY, documents, raw_scores=True, lane="batch")
+    assert sorted(ranked.indices) == list(range(300))
+    by_index = np.empty(300)
+    for r in ranked.results:
+        by_index[r.index] = r.score
+    np.testing.assert_allclose(by_index, _logits(hf, path, QUERY, documents), rtol=1e-3, atol=1e-4)
