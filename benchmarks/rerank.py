@@ -59,11 +59,11 @@ def _steps(sequences: list[list[int]], max_tokens: int) -> list[list[list[int]]]
 class FernSide:
     """Fern's engine and pair tokenizer on one reranker directory."""
 
-    def __init__(self, path: Path, device: str) -> None:
+    def __init__(self, path: Path, device: str, max_step_tokens: int | None) -> None:
         from core_engine.engine import Engine
         from sidecar.tokenize.pairs import PairTokenizer
 
-        self.engine = Engine(path, device=device)
+        self.engine = Engine(path, device=device, max_step_tokens=max_step_tokens)
         self.pairs = PairTokenizer.for_spec(self.engine.spec)
 
     def scores(self, query: str, documents: list[str]):
@@ -83,9 +83,13 @@ class CrossEncoderSide:
 
     def __init__(self, path: Path, device: str, dtype) -> None:
         import torch
+        import transformers
         from sentence_transformers import CrossEncoder
 
-        self.model = CrossEncoder(str(path), device=device, max_length=512, model_kwargs={"torch_dtype": dtype})
+        # transformers 4.56 renamed from_pretrained's torch_dtype to dtype.
+        major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+        key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+        self.model = CrossEncoder(str(path), device=device, max_length=512, model_kwargs={key: dtype})
         self.identity = torch.nn.Identity()
 
     def scores(self, query: str, documents: list[str], batch_size: int):
@@ -117,7 +121,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     path = build_random_reranker(arch_table[args.arch], cache / f"{args.arch}-{str(dtype).split('.')[-1]}",
                                  seed=0, dtype=dtype)
     queries, documents = _pairs_texts(args)
-    fern = FernSide(path, args.device)
+    fern = FernSide(path, args.device, args.max_step_tokens)
     st = CrossEncoderSide(path, args.device, dtype)
 
     def sync() -> None:
@@ -182,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--query-tokens", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--st-batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[32, 64, 128])
+    parser.add_argument("--max-step-tokens", type=int, default=None,
+                        help="tokens per engine step (default: the engine's); a query's pairs are split into such steps")
     parser.add_argument("--model-dir", type=Path, default=None, help="where the random checkpoint is kept")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes on the CPU (the architecture's small twin): checks the harness runs")
