@@ -297,3 +297,15 @@ def unigram_tokenizer(path: str | Path, texts: list[str], vocab_size: int = 300)
     out.parent.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(out))
     return out
+
+
+def randomize_weights(model: torch.nn.Module, seed: int) -> None:
+    """Seeded noise in every weight (LayerNorm scales near 1): large enough that a random
+    cross-encoder tells pairs apart, where transformers' own initialization scores them all alike."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name and name.endswith("weight"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+            else:
+                p.copy_(0.08 * torch.randn(p.shape, generator=g))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.models import TINY_RERANKERS, reranker_model, save_reranker_dir
+from benchmarks.models import TINY_RERANKERS, randomize_weights, reranker_model, save_reranker_dir
 
 pytestmark = [
     pytest.mark.gpu,
@@ -20,16 +20,6 @@ DOCUMENTS = [f"document {i}: " + "packed cross-encoder steps score query and doc
              for i in range(24)]
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "LayerNorm" in name and name.endswith("weight"):
-                p.copy_(0.5 + torch.rand(p.shape, generator=g))
-            else:
-                p.copy_(0.08 * torch.randn(p.shape, generator=g))
-
-
 @pytest.mark.parametrize("family", ["bert", "xlm-roberta"])
 def test_bf16_scores_match_transformers_through_graph_replay(tmp_path: Path, family: str) -> None:
     from core_engine.engine import Engine
@@ -37,7 +27,7 @@ def test_bf16_scores_match_transformers_through_graph_replay(tmp_path: Path, fam
 
     torch.manual_seed(3)
     hf = reranker_model(TINY_RERANKERS[family]).eval()
-    _randomize(hf, 3)
+    randomize_weights(hf, 3)
     path = save_reranker_dir(hf, tmp_path / family)  # the bundled MiniLM tokenizer: BERT's pair layout
     hf = hf.to("cuda", torch.float32)
     engine = Engine(path, device="cuda")

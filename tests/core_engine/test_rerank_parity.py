@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from benchmarks.models import TINY_RERANKERS, reranker_model, save_reranker_dir, unigram_tokenizer
+from benchmarks.models import TINY_RERANKERS, randomize_weights, reranker_model, save_reranker_dir, unigram_tokenizer
 from core_engine.config import load_spec
 from core_engine.engine import Engine
 from sidecar.errors import EmbedError
@@ -34,21 +34,10 @@ TRAINING_TEXTS = [QUERY, *DOCUMENTS, "the search engine returns documents for a 
                   "embeddings map text to vectors; databases index them"]
 
 
-def randomize(model: torch.nn.Module, seed: int) -> None:
-    """Seeded noise in every weight (norm scales near 1), large enough that scores differ pair to pair."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "LayerNorm" in name and name.endswith("weight"):
-                p.copy_(0.5 + torch.rand(p.shape, generator=g))
-            else:
-                p.copy_(0.08 * torch.randn(p.shape, generator=g))
-
-
 def _reranker_dir(tmp_path: Path, family: str, seed: int, *, template: bool = True):
     torch.manual_seed(seed)
     hf = reranker_model(TINY_RERANKERS[family]).eval()
-    randomize(hf, seed)
+    randomize_weights(hf, seed)
     tokenizer_from = None
     if family == "xlm-roberta":
         tokenizer_from = tmp_path / "tok"

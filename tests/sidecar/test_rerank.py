@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from benchmarks.models import TINY_RERANKERS, reranker_model, save_reranker_dir
+from benchmarks.models import TINY_RERANKERS, randomize_weights, reranker_model, save_reranker_dir
 from sidecar.client import AsyncFernClient, FernClient, FernError
 
 cohere = pytest.importorskip("cohere")
@@ -37,21 +37,11 @@ DOCUMENTS = [
 LONG_DOCUMENT = "reranking documents for a query with a cross-encoder " * 40
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "LayerNorm" in name and name.endswith("weight"):
-                p.copy_(0.5 + torch.rand(p.shape, generator=g))
-            else:
-                p.copy_(0.08 * torch.randn(p.shape, generator=g))
-
-
 @pytest.fixture(scope="module")
 def reranker(tmp_path_factory) -> tuple[torch.nn.Module, Path]:
     torch.manual_seed(21)
     hf = reranker_model(TINY_RERANKERS["bert"]).eval()
-    _randomize(hf, 21)
+    randomize_weights(hf, 21)
     return hf, save_reranker_dir(hf, tmp_path_factory.mktemp("rerankers") / RERANKER)
 
 

@@ -8,7 +8,7 @@ from pg_helpers import run_worker
 
 from adapters.postgres.search import search
 from adapters.postgres.vectorizer import create_vectorizer
-from benchmarks.models import TINY_RERANKERS, reranker_model, save_reranker_dir
+from benchmarks.models import TINY_RERANKERS, randomize_weights, reranker_model, save_reranker_dir
 from sidecar.client import FernClient
 
 RERANKER = "pg-reranker"
@@ -30,11 +30,7 @@ def rerank_target(sidecar_factory, tmp_path_factory) -> str:
     """A sidecar serving the bundled embedder (default) and a cross-encoder with random weights."""
     torch.manual_seed(5)
     hf = reranker_model(TINY_RERANKERS["bert"]).eval()
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            p.copy_(0.5 + torch.rand(p.shape, generator=g) if "LayerNorm" in name and name.endswith("weight")
-                    else 0.08 * torch.randn(p.shape, generator=g))
+    randomize_weights(hf, 5)
     path = save_reranker_dir(hf, tmp_path_factory.mktemp("pg-rerank") / RERANKER)
     process = sidecar_factory("--model", "default", "--model", f"{RERANKER}={path}")
     yield process.target
