@@ -170,6 +170,11 @@ def test_tei_rerank_over_http(served, client):
     assert empty.status_code == 400 and "texts: an empty list" in empty.json()["error"]
 
 
+def test_http_model_list_names_each_kind(served):
+    body = httpx.get(served.http_url + "/v1/models", headers={"authorization": f"Bearer {TOKEN}"}, timeout=60).json()
+    assert {m["id"]: m["kind"] for m in body["data"]} == {EMBEDDER: "embedding", RERANKER: "reranker"}
+
+
 def test_cohere_sdk_rerank_v1_and_v2(served, client):
     expected = client.rerank(QUERY, DOCUMENTS)
     co = cohere.Client(api_key=TOKEN, base_url=served.http_url, timeout=60)
