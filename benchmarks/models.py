@@ -171,3 +171,141 @@ def reference_pooled(model: torch.nn.Module, ids: list[int], pooling: str, causa
     if pooling == "lasttoken":
         return hidden[-1].cpu()
     return hidden.mean(0).cpu()
+
+
+# Cross-encoders (one label: a relevance score per (query, document) pair).
+RERANKERS: dict[str, Arch] = {
+    # BAAI/bge-reranker-large: XLMRobertaForSequenceClassification, XLM-R large, 512 tokens.
+    "bge-reranker-large": Arch("xlm-roberta", dict(ARCHS["bge-m3"].config, max_position_embeddings=514),
+                               pooling="cls", normalize=False, max_seq_length=512),
+    # cross-encoder/ms-marco-MiniLM-L-6-v2: BertForSequenceClassification, MiniLM-L6.
+    "ms-marco-minilm": Arch("bert", dict(ARCHS["minilm"].config), pooling="cls", normalize=False,
+                            max_seq_length=512),
+}
+
+# Small versions of each reranker family: the real configs' structure, shrunk.
+TINY_RERANKERS: dict[str, Arch] = {
+    "bert": Arch("bert", dict(RERANKERS["ms-marco-minilm"].config, hidden_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, intermediate_size=128, max_position_embeddings=128),
+                 pooling="cls", normalize=False, max_seq_length=128),
+    "xlm-roberta": Arch("xlm-roberta", dict(RERANKERS["bge-reranker-large"].config, hidden_size=64,
+                                            num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                                            vocab_size=30522, max_position_embeddings=130),
+                        pooling="cls", normalize=False, max_seq_length=128),
+}
+
+
+def reranker_model(arch: Arch) -> torch.nn.Module:
+    """An untrained transformers *ForSequenceClassification of this architecture, one label (current torch seed)."""
+    import transformers
+
+    if arch.family == "bert":
+        return transformers.BertForSequenceClassification(transformers.BertConfig(**arch.config, num_labels=1))
+    if arch.family == "xlm-roberta":
+        return transformers.XLMRobertaForSequenceClassification(
+            transformers.XLMRobertaConfig(**arch.config, num_labels=1))
+    raise ValueError(f"no {arch.family} cross-encoder: rerankers are BERT or XLM-RoBERTa")
+
+
+def save_reranker_dir(model: torch.nn.Module, out_dir: str | Path, tokenizer_from: str | Path | None = None) -> Path:
+    """A cross-encoder checkpoint directory (config.json, model.safetensors, tokenizer files) for `model`.
+
+    The tokenizer defaults to the bundled MiniLM's (a pair template with token types 0 / 1).
+    """
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.config.architectures = [type(model).__name__]  # as transformers' save_pretrained writes it
+    model.config.save_pretrained(out)
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()},
+              str(out / "model.safetensors"))
+    source = Path(tokenizer_from) if tokenizer_from is not None else tokenizer_dir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (source / name).is_file() and (source / name).resolve() != (out / name).resolve():
+            shutil.copy(source / name, out / name)
+    return out
+
+
+def build_random_reranker(arch: Arch | str, out_dir: str | Path, *, seed: int = 0,
+                          dtype: torch.dtype = torch.float32, tokenizer_from: str | Path | None = None) -> Path:
+    """A cross-encoder directory with seeded random weights (transformers' own initialization).
+
+    Rebuilding an existing directory is skipped when its marker matches."""
+    if isinstance(arch, str):
+        arch = RERANKERS[arch] if arch in RERANKERS else TINY_RERANKERS[arch]
+    marker = Path(out_dir) / "fern-random.json"
+    fingerprint = json.dumps(dict(config=arch.config, family=arch.family, seed=seed, dtype=str(dtype),
+                                  tokenizer=str(tokenizer_from)), sort_keys=True)
+    if marker.is_file() and marker.read_text() == fingerprint:
+        return Path(out_dir)
+    torch.manual_seed(seed)
+    model = reranker_model(arch).to(dtype)
+    out = save_reranker_dir(model, out_dir, tokenizer_from)
+    if arch.family == "xlm-roberta" and tokenizer_from is None:
+        xlmr_pair_layout(out)
+    marker.write_text(fingerprint)
+    return out
+
+
+def xlmr_pair_layout(model_dir: str | Path) -> None:
+    """Give the WordPiece tokenizer in `model_dir` XLM-R's pair layout, for an XLM-R model with BERT's vocabulary.
+
+    ``[CLS] A [SEP] [SEP] B [SEP]``, all token type 0 (``[CLS]``/``[SEP]`` stand for ``<s>``/``</s>``),
+    and a tokenizer_config.json that has transformers read tokenizer.json as it is and send no
+    token_type_ids, as XLM-R's tokenizer does: every reader of the directory gets the same ids.
+    """
+    out = Path(model_dir)
+    tokenizer = json.loads((out / "tokenizer.json").read_text())
+    cls, sep = ({"id": t, "type_id": 0} for t in ("[CLS]", "[SEP]"))
+    piece = {"Sequence": {"id": "A", "type_id": 0}}
+    second = {"Sequence": {"id": "B", "type_id": 0}}
+    specials = tokenizer["post_processor"]["special_tokens"]
+    tokenizer["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": cls}, piece, {"SpecialToken": sep}],
+        "pair": [{"SpecialToken": cls}, piece, {"SpecialToken": sep}, {"SpecialToken": sep}, second,
+                 {"SpecialToken": sep}],
+        "special_tokens": {k: specials[k] for k in ("[CLS]", "[SEP]")},
+    }
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_input_names": ["input_ids", "attention_mask"],
+        "model_max_length": 512, "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+        "unk_token": "[UNK]", "mask_token": "[MASK]"}))
+
+
+def unigram_tokenizer(path: str | Path, texts: list[str], vocab_size: int = 300) -> Path:
+    """A SentencePiece-style (Unigram, Metaspace) tokenizer.json trained on `texts`, laid out as XLM-R's.
+
+    Special tokens as XLM-R numbers them (<s> 0, <pad> 1, </s> 2, <unk> 3) and its fast
+    tokenizer's templates: ``<s> A </s>`` and ``<s> A </s></s> B </s>``, all type 0.
+    """
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+                                      unk_token="<unk>")
+    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.post_processor = TemplateProcessing(
+        single="<s>:0 $A:0 </s>:0", pair="<s>:0 $A:0 </s>:0 </s>:0 $B:0 </s>:0",
+        special_tokens=[("<s>", 0), ("</s>", 2)])
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(out))
+    return out
+
+
+def randomize_weights(model: torch.nn.Module, seed: int) -> None:
+    """Seeded noise in every weight (LayerNorm scales near 1): large enough that a random
+    cross-encoder tells pairs apart, where transformers' own initialization scores them all alike."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name and name.endswith("weight"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+            else:
+                p.copy_(0.08 * torch.randn(p.shape, generator=g))

@@ -23,7 +23,9 @@ PostgreSQL (embedded PostgreSQL 18 + pgvector, the adapter's vectorizer and work
   (1 / (1 + rank)): the Qdrant hybrid's vectors and fusion, in PostgreSQL.
 
 `--rerank-model DIR` adds "+ rerank" rows: the hybrid top RERANK_DEPTH re-ordered by a
-cross-encoder the sidecar serves from DIR (as model "rerank"), through the client's `rerank`.
+cross-encoder the sidecar serves from DIR (as model "rerank"), through its Rerank call
+(`FernClient.rerank`). No cross-encoder weights ship with Fern, so these rows run only with
+a checkpoint given.
 
 Each row reports nDCG@10 and recall@10 (one relevant passage a query, so nDCG@10 is the
 mean of 1 / log2(1 + rank) over queries whose passage ranks in the top 10).
@@ -41,7 +43,10 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from sidecar.client import FernClient
 
 DATA = Path(__file__).resolve().parent / "data" / "stdlib_docstrings.json"
 K = 10
@@ -105,17 +110,17 @@ def idf(df: int, n: int) -> float:
     return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
 
 
-Reranker = Callable[[str, list[str]], list[float]]
+# (query, passages) -> the passages' positions, best first.
+Reranker = Callable[[str, list[str]], list[int]]
 
 
 def reranked(data: RetrievalSet, candidates: list[list[str]], rerank: Reranker) -> list[list[str]]:
-    """Each query's candidates re-ordered by the cross-encoder's score of (query, passage)."""
+    """Each query's first RERANK_DEPTH candidates re-ordered by the cross-encoder."""
     text = dict(data.passages)
     out = []
     for (_, query, _), ids in zip(data.queries, candidates):
         ids = ids[:RERANK_DEPTH]
-        scores = rerank(query, [text[i] for i in ids])
-        out.append([i for _, i in sorted(zip(scores, ids), key=lambda pair: -pair[0])])
+        out.append([ids[i] for i in rerank(query, [text[i] for i in ids])] if ids else [])
     return out
 
 
@@ -213,16 +218,11 @@ def postgres_runs(target: str, data: RetrievalSet, rerank: Reranker | None) -> d
 RERANK_NAME = "rerank"
 
 
-def sidecar_reranker(target: str) -> Reranker:
-    """Scores from the sidecar's Rerank call with the cross-encoder it serves as RERANK_NAME."""
-    from sidecar.client import FernClient
-
-    client = FernClient(target, timeout=600)
-    if not hasattr(client, "rerank"):
-        raise SystemExit("retrieval_quality: --rerank-model needs a sidecar client with the Rerank call")
+def sidecar_reranker(client: FernClient) -> Reranker:
+    """The sidecar's Rerank call with the cross-encoder it serves as RERANK_NAME."""
     if RERANK_NAME not in {m.name for m in client.list_models()}:
         raise SystemExit(f"retrieval_quality: the sidecar serves no model named {RERANK_NAME!r}")
-    return lambda query, passages: list(client.rerank(query, passages, model=RERANK_NAME))
+    return lambda query, passages: client.rerank(query, passages, model=RERANK_NAME).indices
 
 
 def run(data: RetrievalSet, target: str, only: str | None = None,
@@ -253,21 +253,21 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks.pg_common import write_result
     from benchmarks.server import start_sidecar
+    from sidecar.client import FernClient
 
     data = load_set(args.data, args.queries, args.passages)
     side = None
     if args.target is None:
         extra = []
         if args.rerank_model:
-            from core_engine.loader import default_model_dir
-
-            extra = ["--model", str(default_model_dir()), "--model", f"{RERANK_NAME}={args.rerank_model}"]
+            extra = ["--model", "default", "--model", f"{RERANK_NAME}={args.rerank_model}"]
         side = start_sidecar(None, device=args.device, extra=extra,
                              log_dir=Path(tempfile.mkdtemp(prefix="fern-quality-")), name="quality")
     target = args.target or side.target
     try:
-        rerank = sidecar_reranker(target) if args.rerank_model else None
-        results = run(data, target, args.only, rerank)
+        with FernClient(target, timeout=600) as client:
+            rerank = sidecar_reranker(client) if args.rerank_model else None
+            results = run(data, target, args.only, rerank)
     finally:
         if side is not None:
             side.stop()

@@ -14,6 +14,11 @@
 - ``sparse_linear.pt`` / ``colbert_linear.pt`` (BGE-M3): the learned sparse and ColBERT
   heads (core_engine.heads); ``tokenizer_config.json`` / ``special_tokens_map.json`` name
   the cls, eos, pad and unk tokens a learned sparse vector leaves out.
+- ``architectures`` ending in ``ForSequenceClassification`` with one label (``id2label``
+  or ``num_labels``) make the model a reranker (``kind`` "reranker", a cross-encoder):
+  it scores one packed (query, document) sequence instead of pooling a vector; its
+  ``dimensions`` is 1 (one score per sequence), its pooling "cls" (the head reads the
+  first token), and ``token_types`` says how many token types its inputs carry.
 - ``fern.json`` (optional, Fern's own): overrides for what the files above cannot say.
   Keys: ``name`` (str), ``causal`` (bool), ``pooling`` ("mean"|"cls"|"last"),
   ``normalize`` (bool), ``native_int8`` (bool), ``max_tokens`` (int),
@@ -42,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 POOLINGS = ("mean", "cls", "last")
+KINDS = ("embedding", "reranker")
 
 _MODEL_TYPES = {
     "bert": "bert",
@@ -84,6 +90,12 @@ class ModelSpec:
     sparse_head: bool = False
     colbert_dim: int = 0
     unused_token_ids: tuple[int, ...] = ()
+    # "embedding" pools a vector per sequence; "reranker" (a cross-encoder) scores each
+    # sequence, one (query, document) pair, with its classification head.
+    kind: str = "embedding"
+    # Token types a reranker's inputs carry (BERT: 2, XLM-R: 1). A token of type t enters the
+    # engine as ``id + t * vocab_size``, so one packed id stream holds both (see models/bert.py).
+    token_types: int = 1
 
 
 _FERN_KEYS: dict[str, type | tuple[type, ...]] = {
@@ -227,6 +239,17 @@ def _unused_token_ids(path: Path, config: dict[str, Any], tokenizer: dict[str, A
         elif isinstance(ids_of.get(model.get("unk_token")), int):
             ids.add(int(ids_of[model["unk_token"]]))
     return tuple(sorted(ids))
+def _reranker_labels(config: dict[str, Any], path: Path) -> int | None:
+    """The label count of a ``*ForSequenceClassification`` checkpoint; None for any other architecture."""
+    if not any(str(a).endswith("ForSequenceClassification") for a in config.get("architectures") or []):
+        return None
+    labels = config.get("id2label")
+    count = len(labels) if isinstance(labels, dict) and labels else int(config.get("num_labels", 2))
+    if count != 1:
+        raise ValueError(
+            f"{path / 'config.json'}: a sequence-classification model with {count} labels is not a "
+            "reranker; Fern serves cross-encoders with one label (one relevance score per pair)")
+    return count
 
 
 def default_model_dir() -> Path:
@@ -300,6 +323,16 @@ def load_spec(model_dir: str | Path, name: str | None = None) -> ModelSpec:
     append_eos = bool(overrides.get("append_eos", append_eos))
 
     dimensions = int(config["hidden_size"])
+    labels = _reranker_labels(config, path)
+    kind = "embedding" if labels is None else "reranker"
+    token_types = 1
+    if labels is not None:
+        if family not in ("bert", "xlm-roberta"):
+            raise ValueError(f"{path / 'config.json'}: {family} rerankers are not supported; Fern runs "
+                             "BERT and XLM-RoBERTa cross-encoders")
+        dimensions, pooling, normalize, causal = labels, "cls", False, False
+        # XLM-R has one token type and its tokenizer gives both texts type 0.
+        token_types = 2 if family == "bert" and int(config.get("type_vocab_size", 2)) >= 2 else 1
     matryoshka = tuple(
         int(d)
         for d in overrides.get("matryoshka_dimensions")
@@ -359,4 +392,6 @@ def load_spec(model_dir: str | Path, name: str | None = None) -> ModelSpec:
         sparse_head=bool(sparse_head),
         colbert_dim=colbert_dim,
         unused_token_ids=unused,
+        kind=kind,
+        token_types=token_types,
     )

@@ -331,6 +331,15 @@ class Engine:
         """prepare + step + result: float32 [N, dimensions] raw pooled vectors, input order."""
         return self.step(self.prepare(sequences)).result()
 
+    def score(self, sequences: Sequence[Sequence[int]]) -> np.ndarray:
+        """A reranker's raw scores (logits), float32 [N], input order: one per packed (query, document) sequence.
+
+        Each sequence is a pair as `sidecar.tokenize.pairs` builds it (type-1 tokens at
+        ``id + vocab_size``)."""
+        if self.spec.kind != "reranker":
+            raise ValueError(f"model {self.spec.name!r} is an {self.spec.kind} model; only a reranker scores pairs")
+        return self.embed(sequences)[:, 0]
+
     def warmup(self, length: int, count: int = 1) -> None:
         """Run a batch of `count` sequences of `length` tokens until its graph is captured."""
         seqs = [[0] * length] * count

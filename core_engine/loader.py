@@ -38,7 +38,8 @@ def build_model(
 
     ``kernels`` picks the forms of individual kernels (default: the ones that serve).
 
-    ``module(input_ids[T] int64, positions[T] int64, meta)`` returns pooled [B, D] float32; a model
+    ``module(input_ids[T] int64, positions[T] int64, meta)`` returns pooled [B, D] float32
+    (a reranker: scores [B, 1], one per packed (query, document) sequence); a model
     with token heads (``spec.sparse_head``, ``spec.colbert_dim``) also takes ``token_outputs=True``
     and then returns (pooled, heads [T, width] float32) (core_engine.heads).
     ``positions`` are 0-based within each sequence for every family (the XLM-R offset is
@@ -46,10 +47,15 @@ def build_model(
     so it is CUDA-graph capturable whenever the attention backend is.
     """
     family = FAMILIES[spec.family]
+    module_class, convert = family.module, family.convert_weights
+    if spec.kind == "reranker":
+        if family.scorer is None or family.convert_scorer_weights is None:
+            raise ValueError(f"{spec.path}: {spec.family} has no cross-encoder in Fern")
+        module_class, convert = family.scorer, family.convert_scorer_weights
     with torch.device("meta"):
-        module = family.module(spec, attention, kernels or KernelOptions())
+        module = module_class(spec, attention, kernels or KernelOptions())
     # Read straight onto the device: fusing and casting there is faster than on the host.
-    weights = family.convert_weights(read_checkpoint(spec.path, device), spec)
+    weights = convert(read_checkpoint(spec.path, device), spec)
     if spec.sparse_head or spec.colbert_dim:
         weights.update(read_heads(spec.path, spec.dimensions, spec.sparse_head, spec.colbert_dim, device))
     # The checkpoint decides the parameter shapes it holds; check them against the config.

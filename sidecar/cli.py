@@ -572,7 +572,7 @@ def cmd_models(args: argparse.Namespace) -> int:
                         "normalize": spec.normalize,
                         "matryoshka_dimensions": list(spec.matryoshka_dimensions),
                         "vocab_size": spec.vocab_size, "distance": spec.distance,
-                        "native_int8": spec.native_int8, "path": str(spec.path)})
+                        "native_int8": spec.native_int8, "kind": spec.kind, "path": str(spec.path)})
     else:
         try:
             with FernClient(**client_kwargs(args), timeout=args.timeout) as client:

@@ -173,11 +173,69 @@ class ModelInfo:
     native_int8: bool = False
     learned_sparse: bool = False  # sparse vectors are the model's learned weights (BGE-M3)
     multivector_dimensions: int = 0  # width of its multi-vectors (ColBERT head); 0: none
+    kind: str = "embedding"  # "reranker": served through rerank(), not embed()
 
     @property
     def outputs(self) -> tuple[str, ...]:
-        """What the model can return: "dense", "sparse" (lexical or learned) and, with a ColBERT head, "multivector"."""
+        """What the model can return: "dense", "sparse" (lexical or learned) and, with a ColBERT head,
+        "multivector"; a reranker returns "score" (through rerank())."""
+        if self.kind == "reranker":
+            return ("score",)
         return ("dense", "sparse") + (("multivector",) if self.multivector_dimensions else ())
+
+
+@dataclass(frozen=True)
+class RankedDocument:
+    """One reranked document: its position in the request, its score, and its text when asked for."""
+
+    index: int
+    score: float
+    document: str | None = None
+
+
+@dataclass(frozen=True)
+class Reranking:
+    """A rerank's answer: `results` best first (top_n of them, or all), every pair's token count."""
+
+    model: str
+    results: list[RankedDocument]
+    token_counts: list[int]
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    @property
+    def indices(self) -> list[int]:
+        """The documents' positions in the request, best first."""
+        return [r.index for r in self.results]
+
+
+def rerank_request(query: str, documents: Sequence[str], *, model: str = "", top_n: int = 0,
+                   raw_scores: bool = False, return_documents: bool = False, truncate: bool = True,
+                   lane: str = "online", request_id: str = "") -> pb.RerankRequest:
+    """The Rerank request for these arguments; a value the wire cannot carry is refused here, naming it."""
+    if isinstance(documents, str):
+        raise InvalidRequest("documents: expected a list of strings, got one string")
+    if lane not in _LANES:
+        raise InvalidRequest(f"lane: {lane!r} is not one of {', '.join(_LANES)}")
+    if isinstance(top_n, bool) or not isinstance(top_n, int) or not 0 <= top_n < 2 ** 32:
+        raise InvalidRequest(f"top_n: {top_n!r} is not a count (0 for every document)")
+    if not isinstance(query, str):
+        raise InvalidRequest(f"query: expected a string, got {type(query).__name__}")
+    documents = list(documents)
+    for i, document in enumerate(documents):
+        if not isinstance(document, str):
+            raise InvalidRequest(f"documents[{i}]: expected a string, got {type(document).__name__}", i)
+    return pb.RerankRequest(request_id=request_id, model=model, query=query, documents=documents, top_n=top_n,
+                            raw_scores=raw_scores, return_documents=return_documents,
+                            truncation=pb.TRUNCATION_END if truncate else pb.TRUNCATION_ERROR,
+                            lane=_LANES[lane])
+
+
+def decode_rerank(resp: pb.RerankResponse, return_documents: bool) -> Reranking:
+    """A RerankResponse as a Reranking (documents only when they were asked for)."""
+    return Reranking(model=resp.model, token_counts=list(resp.token_counts), results=[
+        RankedDocument(r.index, r.score, r.document if return_documents else None) for r in resp.results])
 
 
 @dataclass(frozen=True)
@@ -318,6 +376,7 @@ def _model_info(m: pb.ModelInfo) -> ModelInfo:
         native_int8=m.native_int8,
         learned_sparse=m.learned_sparse,
         multivector_dimensions=m.multivector_dimensions,
+        kind=m.kind or "embedding",
     )
 
 
@@ -434,6 +493,9 @@ class _ClientCore:
 
     def _embed_call(self, request: pb.EmbedRequest, timeout: float | None):
         return self._stub.Embed(request, metadata=self._metadata, timeout=timeout)
+
+    def _rerank_call(self, request: pb.RerankRequest, timeout: float | None):
+        return self._stub.Rerank(request, metadata=self._metadata, timeout=timeout)
 
     def _no_slot(self) -> FernError:
         return FernError(grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -562,6 +624,34 @@ class FernClient(_ClientCore):
                 slots.release()
         return decode_response(resp)
 
+    def rerank(self, query: str, documents: Sequence[str], *, timeout: float | None = None,
+               **options) -> Reranking:
+        """Scores `documents` against `query` with a reranker, best first.
+
+        Options: model, top_n (0: all), raw_scores (logits instead of sigmoid in 0..1),
+        return_documents, truncate (cut a document's end to fit; the query is never cut), lane.
+
+            client.rerank("what is a vector database?", docs, top_n=3).indices
+        """
+        request = rerank_request(query, documents, **options)
+        return decode_rerank(self._unary(self._rerank_call, request, timeout), request.return_documents)
+
+    def _unary(self, call, request, timeout: float | None):
+        """A unary `call` within this client's in-flight bound."""
+        slots = self._in_flight_slots()
+        timeout = timeout or self.timeout
+        if slots is not None:
+            started = time.monotonic()
+            if not slots.acquire(timeout=-1 if timeout is None else timeout):
+                raise self._no_slot()
+            timeout = _remaining(timeout, started)
+        try:
+            with _RPC_ERRORS:
+                return call(request, timeout)
+        finally:
+            if slots is not None:
+                slots.release()
+
     def close(self) -> None:
         self._channel.close()
 
@@ -652,6 +742,31 @@ class AsyncFernClient(_ClientCore):
         with _RPC_ERRORS:
             resp = await self._embed_call(request, timeout)
         return decode_response(resp)
+
+    async def rerank(self, query: str, documents: Sequence[str], *, timeout: float | None = None,
+                     **options) -> Reranking:
+        """Async twin of FernClient.rerank."""
+        request = rerank_request(query, documents, **options)
+        return decode_rerank(await self._unary(self._rerank_call, request, timeout), request.return_documents)
+
+    async def _unary(self, call, request, timeout: float | None):
+        """A unary `call`, awaited within this client's in-flight bound."""
+        timeout = timeout or self.timeout
+        if self.max_in_flight is not None:
+            if self._slots is None:
+                self._slots = asyncio.Semaphore(self.max_in_flight)
+            started = time.monotonic()
+            try:
+                await asyncio.wait_for(self._slots.acquire(), timeout)
+            except TimeoutError:
+                raise self._no_slot() from None
+            timeout = _remaining(timeout, started)
+        try:
+            with _RPC_ERRORS:
+                return await call(request, timeout)
+        finally:
+            if self.max_in_flight is not None:
+                self._slots.release()
 
     async def close(self) -> None:
         await self._channel.close()

@@ -32,6 +32,7 @@ from sidecar.scheduler import DeadlineExceeded, Draining, Lane, QueueFull
 from sidecar.lexical import DEFAULT_LANGUAGE, UnknownLanguage, check_language
 from sidecar.sparse import is_query, sparse_vectors
 from sidecar.tokenize import TextTokenizer
+from sidecar.tokenize.pairs import PairTokenizer
 
 ENCODINGS = encodings.NAMES
 # Inputs one request may carry; bigger jobs belong on EmbedStream (bounded memory both sides).
@@ -51,6 +52,9 @@ GENERIC_PROMPTS = ("query", "passage", "document")
 # vector (the tokenizer drops them all), so like "" it is refused rather than indexed as noise.
 _VISIBLE = re.compile("[^\\s\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u200b-\u200f\u202a-\u202e"
                       "\u2060-\u2064\u2066-\u206f\ufeff\U000e0001\U000e0020-\U000e007f]").search
+# Documents one Rerank request may carry (Cohere's recommended bound): a reranker scores the
+# candidates of one search, and each is a full pair through the model.
+MAX_DOCUMENTS = 1000
 # UNAVAILABLE's message once the sidecar drains, whether the gateway or the scheduler saw it first.
 DRAINING = "the sidecar is draining for shutdown; retry on another replica"
 
@@ -128,7 +132,10 @@ class PreparedRequest:
 
 
 class Gateway:
-    """Front door to the engines: `await gateway.embed(EmbedParams(texts=[...]))`."""
+    """Front door to the engines: `await gateway.embed(EmbedParams(texts=[...]))`,
+    `await gateway.rerank(RerankParams(query, documents))` for a reranker."""
+
+    max_documents: int = MAX_DOCUMENTS  # per Rerank request
 
     def __init__(self, registry: Registry, *, max_inputs: int = MAX_INPUTS,
                  chunk_texts: int = CHUNK_TEXTS, sparse_language: str = DEFAULT_LANGUAGE) -> None:
@@ -151,12 +158,18 @@ class Gateway:
         prepared = await self.prepare(params)
         return await self.execute(prepared)
 
+    async def rerank(self, params: RerankParams) -> RerankResult:
+        """Score a query's documents with a reranker, best first; raises EmbedError."""
+        return await _rerank(self, params)
+
     async def prepare(self, params: EmbedParams) -> PreparedRequest:
         """Everything before the scheduler: validation, prompt template, tokenization."""
         if self.draining:
             raise unavailable(DRAINING)
         served = self.registry.get(params.model)
         spec = served.spec
+        if spec.kind == "reranker":
+            raise not_embedding(spec)
         dimensions, normalize = self._check_options(params, spec)
         texts, token_ids = params.texts, params.token_ids
         if len(texts) and len(token_ids):
@@ -407,3 +420,118 @@ def _scheduler_error(error: Exception, lane: Lane) -> EmbedError:
     if isinstance(error, Draining):
         return unavailable(DRAINING)
     return deadline_exceeded("the deadline passed before the request reached the GPU")
+
+
+@dataclass(frozen=True)
+class RerankParams:
+    """One rerank request, as every front end (gRPC, HTTP) describes it.
+
+    `model` "" is the default model if it is a reranker, else the first reranker served;
+    `top_n` 0 returns every document; `raw_scores` gives the model's logits instead of
+    sigmoid(logit); `truncate` cuts the end of a document whose pair is over the model's
+    limit (the query is never cut).
+    """
+
+    query: str
+    documents: Sequence[str]
+    model: str = ""
+    top_n: int = 0
+    raw_scores: bool = False
+    return_documents: bool = False
+    truncate: bool = True
+    lane: Lane = Lane.ONLINE
+    deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class RerankResult:
+    """The documents best first: `indices` into the request, their `scores`, and every pair's token count."""
+
+    model: str
+    indices: np.ndarray  # int64 [K], K = top_n or all
+    scores: np.ndarray  # float32 [K], descending
+    token_counts: list[int]  # request order, one per document
+    documents: list[str] | None = None  # the texts of `indices`, when asked for
+
+
+def not_embedding(spec: ModelSpec) -> EmbedError:
+    """Why Embed refuses a reranker."""
+    return invalid_argument(f"model: {spec.name!r} is a reranker (a cross-encoder): it scores (query, document) "
+                            "pairs through Rerank and has no embeddings; ListModels gives each model's kind")
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-x)) without overflow for any float32 logit."""
+    return (0.5 * (1.0 + np.tanh(0.5 * x.astype(np.float64)))).astype(np.float32)
+
+
+def _pair_tokenizer(served: ServedModel) -> PairTokenizer:
+    """The model's pair tokenizer, made on its first Rerank."""
+    pairs = getattr(served, "pairs", None)
+    if pairs is None:
+        pairs = PairTokenizer.for_spec(served.spec)
+        served.pairs = pairs
+    return pairs
+
+
+def _check_rerank(params: RerankParams, spec: ModelSpec, max_documents: int) -> None:
+    if spec.kind != "reranker":
+        raise invalid_argument(f"model: {spec.name!r} is an {spec.kind} model; Rerank needs a reranker "
+                               "(a cross-encoder; ListModels gives each model's kind)")
+    if not isinstance(params.lane, Lane):
+        raise invalid_argument(f"lane: unknown lane {params.lane!r}")
+    if isinstance(params.top_n, bool) or not isinstance(params.top_n, (int, np.integer)) or params.top_n < 0:
+        raise invalid_argument(f"top_n: {params.top_n!r} is not a count (0 for every document)")
+    if not isinstance(params.query, str) or not params.query or _VISIBLE(params.query) is None:
+        raise invalid_argument("query: empty text")
+    count = len(params.documents)
+    if count == 0:
+        raise invalid_argument("documents: empty list; send at least one document to rank")
+    if count > max_documents:
+        raise invalid_argument(f"documents: {count} documents exceeds the limit of {max_documents} per request; "
+                               "rerank the best candidates of a first-stage search, or split them")
+    for i, document in enumerate(params.documents):
+        if not isinstance(document, str):
+            raise invalid_argument(f"documents[{i}]: expected a string, got {type(document).__name__}", i)
+        if not document or _VISIBLE(document) is None:
+            raise invalid_argument(f"documents[{i}]: empty text", i)
+
+
+async def _rerank(gateway: Gateway, params: RerankParams) -> RerankResult:
+    """Validate, tokenize the pairs, score them on the engine's lanes and sort; raises EmbedError.
+
+    The pairs go through the same scheduler, chunks and lane bounds as embeddings: a
+    reranker's engine returns one score per sequence where an embedder returns a vector.
+    """
+    if gateway.draining:
+        raise unavailable(DRAINING)
+    served = gateway.registry.get(params.model)
+    if not params.model and served.spec.kind != "reranker":
+        # No model named and the default one embeds: the first reranker served, if there is one.
+        rerankers = [s.name for s in gateway.models() if s.kind == "reranker"]
+        if rerankers:
+            served = gateway.registry.get(rerankers[0])
+    spec = served.spec
+    _check_rerank(params, spec, gateway.max_documents)
+    pairs = _pair_tokenizer(served)
+    documents = list(params.documents)
+    if len(documents) <= 4:  # a handful of pairs costs less than the thread hop
+        sequences = pairs.encode(params.query, documents, params.truncate)
+    else:
+        sequences = await asyncio.to_thread(pairs.encode, params.query, documents, params.truncate)
+    bound = served.scheduler.config.bound(params.lane)
+    for i, seq in enumerate(sequences):
+        if len(seq) > bound:
+            raise invalid_argument(
+                f"documents[{i}]: {len(seq)} tokens exceeds the {params.lane.name} lane's queue of {bound} tokens, "
+                f"so it never fits: truncate it shorter or raise --max-queued-tokens-{params.lane.name.lower()}", i)
+    prepared = PreparedRequest(EmbedParams(lane=params.lane, deadline=params.deadline), served, sequences,
+                               dimensions=spec.dimensions, normalize=False)
+    logits = (await gateway.execute(prepared)).vectors[:, 0]
+    scores = logits if params.raw_scores else sigmoid(logits)
+    order = np.argsort(-scores, kind="stable")
+    if params.top_n:
+        order = order[: params.top_n]
+    return RerankResult(model=spec.name, indices=order.astype(np.int64), scores=scores[order].astype(np.float32),
+                        token_counts=[len(s) for s in sequences],
+                        documents=[documents[i] for i in order.tolist()] if params.return_documents else None)

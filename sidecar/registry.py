@@ -21,6 +21,7 @@ class ServedModel:
     tokenizer: TextTokenizer
     scheduler: Scheduler
     engines: list = field(default_factory=list)  # core_engine Engines, one per device
+    pairs: object | None = None  # a reranker's PairTokenizer (sidecar.tokenize.pairs), made on first use
 
 
 @dataclass(frozen=True)

@@ -208,13 +208,15 @@ def _log_unary(method: str, request, response, context: grpc.aio.ServicerContext
     ms = (time.perf_counter() - started) * 1000
     status, message = _status(context, error)
     embed = hasattr(request, "texts")
+    rerank = isinstance(request, pb.RerankRequest)  # its inputs are the documents
+    scored = embed or rerank
     record = RequestRecord(
         "grpc", method, status, ms,
         request_id=getattr(request, "request_id", ""),
-        model=(response.model if response is not None and embed else getattr(request, "model", "")),
-        lane=_lane(request.lane) if embed else "",
-        inputs=_inputs(request) if embed else 0,
-        tokens=sum(response.token_counts) if response is not None and embed else None,
+        model=(response.model if response is not None and scored else getattr(request, "model", "")),
+        lane=_lane(request.lane) if scored else "",
+        inputs=_inputs(request) if embed else len(request.documents) if rerank else 0,
+        tokens=sum(response.token_counts) if response is not None and scored else None,
         error=message, peer=context.peer() if status != "OK" else "")
     log_request(record)
 

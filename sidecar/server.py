@@ -31,7 +31,8 @@ from grpc_reflection.v1alpha import reflection
 from core_engine.config import ModelSpec
 from sidecar import balancing, encodings, unixsocket
 from sidecar.errors import INPUT_INDEX_KEY, EmbedError, invalid_argument, unavailable
-from sidecar.gateway import LOOP_ROWS, MAX_INPUTS, EmbedParams, EmbedResult, Gateway
+from sidecar.gateway import (LOOP_ROWS, MAX_INPUTS, EmbedParams, EmbedResult, Gateway, RerankParams,
+                             RerankResult)
 from sidecar.lexical import DEFAULT_LANGUAGE
 from sidecar.registry import Registry
 from sidecar.requestlog import RequestLogInterceptor
@@ -191,6 +192,9 @@ def add_embedder(service: pb_grpc.EmbedderServicer, server: grpc.aio.Server) -> 
         "ListModels": grpc.unary_unary_rpc_method_handler(
             service.ListModels, request_deserializer=list_request,
             response_serializer=pb.ListModelsResponse.SerializeToString),
+        "Rerank": grpc.unary_unary_rpc_method_handler(
+            service.Rerank, request_deserializer=_decoder(pb.RerankRequest),
+            response_serializer=pb.RerankResponse.SerializeToString),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
@@ -267,6 +271,7 @@ def model_info(spec: ModelSpec) -> pb.ModelInfo:
         native_int8=spec.native_int8,
         learned_sparse=spec.sparse_head,
         multivector_dimensions=spec.colbert_dim,
+        kind=spec.kind,
     )
 
 
@@ -454,6 +459,43 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             await _abort(context, request.error())
         return pb.ListModelsResponse(models=[model_info(s) for s in self.gateway.models()],
                                      default_model=self.gateway.default_model)
+
+    async def Rerank(self, request: pb.RerankRequest, context: grpc.aio.ServicerContext) -> pb.RerankResponse:
+        with self._tracked():
+            try:
+                if isinstance(request, Undecodable):
+                    raise request.error()
+                result = await self.gateway.rerank(rerank_params_from_request(request, _deadline(context)))
+            except EmbedError as error:
+                await _abort(context, error)
+            except Exception as error:  # anything else is our bug: say so, keep serving
+                await _abort(context, _internal(error))
+            if _ended(context):
+                raise _gone(None)
+            return response_from_rerank(request.request_id, result)
+
+
+def rerank_params_from_request(request: pb.RerankRequest, deadline: float | None) -> RerankParams:
+    """The gateway's view of a wire Rerank request; unknown enum numbers are INVALID_ARGUMENT."""
+    lane = _LANES.get(request.lane)
+    if lane is None:
+        raise invalid_argument(f"lane: unknown value {request.lane}")
+    truncate = _TRUNCATIONS.get(request.truncation)
+    if truncate is None:
+        raise invalid_argument(f"truncation: unknown value {request.truncation}")
+    return RerankParams(query=request.query, documents=request.documents, model=request.model,
+                        top_n=request.top_n, raw_scores=request.raw_scores,
+                        return_documents=request.return_documents, truncate=truncate, lane=lane,
+                        deadline=deadline)
+
+
+def response_from_rerank(request_id: str, result: RerankResult) -> pb.RerankResponse:
+    """The ranked documents, best first."""
+    documents = result.documents or [""] * len(result.indices)
+    return pb.RerankResponse(
+        request_id=request_id, model=result.model, token_counts=result.token_counts,
+        results=[pb.RankedDocument(index=i, score=score, document=text) for i, score, text in
+                 zip(result.indices.tolist(), result.scores.tolist(), documents)])
 
 
 def _ended(context: grpc.aio.ServicerContext) -> bool:

@@ -11,7 +11,7 @@ def test_generated_code_matches_proto():
 def test_descriptor_is_the_versioned_service():
     service = pb.DESCRIPTOR.services_by_name["Embedder"]
     assert service.full_name == "fern.v1.Embedder"
-    assert set(service.methods_by_name) == {"Embed", "EmbedStream", "ListModels"}
+    assert set(service.methods_by_name) == {"Embed", "EmbedStream", "ListModels", "Rerank"}
     stream = service.methods_by_name["EmbedStream"]
     assert stream.client_streaming and stream.server_streaming
 

@@ -3,6 +3,9 @@
 Hybrid search fuses pgvector's nearest neighbours (HNSW) with PostgreSQL full-text
 matches (GIN over the vectorizer's generated tsvector, ranked by ts_rank_cd) by
 reciprocal rank fusion: score = sum over both lists of 1 / (rrf_k + rank).
+With `rerank=N`, the best N rows of that ranking are rescored by a reranker (a cross-encoder)
+on the sidecar, each row's template-rendered text against the query, in one Rerank call,
+and the best k of them come back in the reranker's order.
 The query keeps psycopg's `%s` placeholders (the caller's `where` uses them), so every
 name in it has its `%` doubled first (`_placeholder_safe`): a table called `growth_%` is
 never read as a placeholder.
@@ -53,6 +56,7 @@ class SearchHit:
     vector_rank: int | None
     text_rank: int | None
     distance: float | None
+    rerank_score: float | None = None  # the reranker's score of the row's text, with `rerank=`
 
 
 def _embed_query(client: FernClient | None, v: Vectorizer, text: str, prompt: str | None) -> np.ndarray:
@@ -83,7 +87,8 @@ def search(conn: psycopg.Connection | ConnectionPool, table: str | tuple[str, st
            hybrid: bool | None = None, client: FernClient | None = None,
            target_column: str | None = None,
            prompt: str | None = "query", candidates: int | None = None,
-           rrf_k: int = 60, text_match: str = "any") -> list[SearchHit]:
+           rrf_k: int = 60, text_match: str = "any", rerank: int | None = None,
+           rerank_model: str = "") -> list[SearchHit]:
     """The `k` best rows of `table` for `text`.
 
     `where` is an SQL condition on the table (alias `t`), with `%s` placeholders filled
@@ -94,6 +99,10 @@ def search(conn: psycopg.Connection | ConnectionPool, table: str | tuple[str, st
     `conn` may be a psycopg_pool.ConnectionPool, from which one connection is borrowed.
     `text_match` "any" lets a row match the full-text side with any of the query's words
     (ranked by how many and how close), "all" needs every word (websearch syntax either way).
+    `rerank` N (at least k): the best N rows are reranked on the sidecar by `rerank_model`
+    ("": its first reranker) and the best k of them returned, best first, each with its
+    `rerank_score` (sigmoid of the cross-encoder's logit, 0..1); a row whose text renders
+    empty has none and comes last.
     """
     if text_match not in ("any", "all"):
         raise ValueError(f"text_match must be 'any' or 'all', got {text_match!r}")
@@ -102,9 +111,24 @@ def search(conn: psycopg.Connection | ConnectionPool, table: str | tuple[str, st
         with conn.connection() as borrowed:
             return search(borrowed, table, text, k, where=where, params=params, hybrid=hybrid,
                           client=client, target_column=target_column, prompt=prompt,
-                          candidates=candidates, rrf_k=rrf_k, text_match=text_match)
+                          candidates=candidates, rrf_k=rrf_k, text_match=text_match,
+                          rerank=rerank, rerank_model=rerank_model)
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
+    if rerank is not None:
+        if rerank < k:
+            raise ValueError(f"rerank must be at least k ({k}): it is how many of the best rows are reranked, "
+                             f"got {rerank}")
+        if client is None:
+            from sidecar.client import FernClient
+
+            # One client for the query's embedding and the rerank, closed here.
+            with FernClient() as own:
+                return search(conn, table, text, k, where=where, params=params, hybrid=hybrid, client=own,
+                              target_column=target_column, prompt=prompt, candidates=candidates,
+                              rrf_k=rrf_k, text_match=text_match, rerank=rerank, rerank_model=rerank_model)
+        limit = k
+        k = rerank  # the SQL ranks the rows to rerank; the best `limit` of them are returned
     v = get_vectorizer(conn, table, target_column)
     if hybrid is None:
         hybrid = v.hybrid
@@ -145,6 +169,8 @@ def search(conn: psycopg.Connection | ConnectionPool, table: str | tuple[str, st
             col=sql.Identifier(v.target_column), op=dist, table=v.table, cond=cond)
         vec_args = [*params, candidates]
     select_cols = sql.SQL(", ").join(sql.Identifier("t", c) for c in out_cols)
+    if rerank is not None:
+        select_cols = select_cols + sql.SQL(", {} AS {}").format(v.text_sql("t"), sql.Identifier(_RERANK_TEXT))
 
     if not hybrid:
         query = sql.SQL("""
@@ -163,7 +189,7 @@ def search(conn: psycopg.Connection | ConnectionPool, table: str | tuple[str, st
             rank = int(r.pop("vr"))
             score = 1.0 - d if v.distance == "cosine" else -d
             hits.append(SearchHit(r, score, rank, None, d))
-        return hits
+        return hits if rerank is None else _reranked(client, text, hits, limit, rerank_model)
 
     query = sql.SQL("""
         WITH q AS (SELECT %s::vector AS v, {tsquery} AS tsq),
@@ -192,4 +218,24 @@ def search(conn: psycopg.Connection | ConnectionPool, table: str | tuple[str, st
         vr, fr = r.pop("vr"), r.pop("fr")
         hits.append(SearchHit(r, score, None if vr is None else int(vr),
                               None if fr is None else int(fr), None if d is None else float(d)))
-    return hits
+    return hits if rerank is None else _reranked(client, text, hits, limit, rerank_model)
+
+
+# The column the rows' rendered text comes back in for reranking (taken out of each row).
+_RERANK_TEXT = "__fern_rerank_text"
+
+
+def _reranked(client: FernClient, text: str, hits: list[SearchHit], k: int,
+              model: str) -> list[SearchHit]:
+    """The best `k` of `hits` by the reranker's score of each row's text against `text`: one Rerank call."""
+    texts = [h.row.pop(_RERANK_TEXT) or "" for h in hits]
+    scored = [i for i, t in enumerate(texts) if t.strip()]
+    out: list[SearchHit] = []
+    if scored:
+        ranked = client.rerank(text, [texts[i] for i in scored], model=model, top_n=k, lane="online")
+        for result in ranked.results:
+            hit = hits[scored[result.index]]
+            out.append(SearchHit(hit.row, hit.score, hit.vector_rank, hit.text_rank, hit.distance, result.score))
+    # Rows with no text to read come after every scored one, in the first ranking's order.
+    unscored = [hits[i] for i in range(len(hits)) if not texts[i].strip()]
+    return (out + unscored)[:k]

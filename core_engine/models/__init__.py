@@ -17,10 +17,13 @@ class Family:
 
     module: type[nn.Module]
     convert_weights: Callable[..., dict[str, torch.Tensor]]
+    # The family's cross-encoder (ModelSpec.kind "reranker"), where it has one.
+    scorer: type[nn.Module] | None = None
+    convert_scorer_weights: Callable[..., dict[str, torch.Tensor]] | None = None
 
 
 FAMILIES: dict[str, Family] = {
-    "bert": Family(bert.BertEncoder, bert.convert_weights),
-    "xlm-roberta": Family(bert.BertEncoder, bert.convert_weights),
+    "bert": Family(bert.BertEncoder, bert.convert_weights, bert.BertScorer, bert.convert_scorer_weights),
+    "xlm-roberta": Family(bert.BertEncoder, bert.convert_weights, bert.BertScorer, bert.convert_scorer_weights),
     "qwen3": Family(qwen3.Qwen3Encoder, qwen3.convert_weights),
 }

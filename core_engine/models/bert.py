@@ -5,6 +5,14 @@ XLM-RoBERTa is the same network; it differs in its position ids, which start at
 position table, so this model always takes 0-based positions. Token types are not
 used by embedding inputs (all zero), so the type-0 embedding is folded into the
 position table at load time.
+
+``BertScorer`` is the cross-encoder (``BertForSequenceClassification``,
+``XLMRobertaForSequenceClassification`` with one label): the same encoder over one packed
+(query, document) sequence per slot, then a head on the first token, dense + tanh + a
+projection to the score (BERT's pooler and classifier; XLM-R's ``classifier.dense`` and
+``classifier.out_proj``). A token of type 1 arrives as ``id + vocab_size``; the model
+adds the difference of the two type embeddings to it, so the packed inputs stay one id
+stream and no other part of the engine knows token types exist.
 """
 
 from __future__ import annotations
@@ -94,6 +102,49 @@ class BertEncoder(nn.Module):
         return self.pooler.pool(x, meta), self.heads(x)
 
 
+class BertScorer(nn.Module):
+    """Cross-encoder: (input_ids[T] with type-1 tokens at ``id + vocab_size``, positions[T], meta) -> [B, 1] fp32 scores."""
+
+    def __init__(self, spec: ModelSpec, attention: AttentionBackend, kernels: KernelOptions | None = None) -> None:
+        super().__init__()
+        kernels = kernels or KernelOptions()
+        cfg = spec.config
+        hidden = cfg["hidden_size"]
+        if cfg.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(
+                f"{spec.path}: position_embedding_type {cfg['position_embedding_type']!r} is not supported "
+                "(only 'absolute')"
+            )
+        self.vocab_size = int(cfg["vocab_size"])
+        self.word_embeddings = Embedding(self.vocab_size, hidden)
+        self.position_embeddings = Embedding(cfg["max_position_embeddings"] - spec.position_offset, hidden)
+        # Type-1 embedding minus type-0 (which the position table already holds); absent with one type.
+        self.type_delta = nn.Parameter(torch.empty(hidden)) if spec.token_types > 1 else None
+        self.embed_norm = LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))
+        self.layers = nn.ModuleList(BertLayer(cfg, attention, kernels) for _ in range(cfg["num_hidden_layers"]))
+        # The head reads the first token of each sequence: the last layer keeps only those rows.
+        self.pooler = Pooler("cls", len(self.layers), kernels.pool_early)
+        self.head_dense = nn.Linear(hidden, hidden)
+        self.head_out = nn.Linear(hidden, spec.dimensions)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        if meta.causal:
+            raise ValueError("meta.causal=True but a cross-encoder attends both ways")
+        second = input_ids >= self.vocab_size
+        ids = torch.where(second, input_ids - self.vocab_size, input_ids)
+        x = self.word_embeddings(ids) + self.position_embeddings(positions)
+        if self.type_delta is not None:
+            x = x + second.unsqueeze(1).to(x.dtype) * self.type_delta
+        x = self.embed_norm(x)
+        rows = self.pooler.rows(meta, x.shape[0])
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x, meta, rows if i == last else None)
+        first = self.pooler(x, meta)  # [B, H] float32
+        head = torch.tanh(self.head_dense(first.to(self.head_dense.weight.dtype)))
+        return self.head_out(head).float()
+
+
 _PREFIXES = ("bert.", "roberta.", "xlm_roberta.", "model.")
 
 
@@ -142,4 +193,28 @@ def convert_weights(hf: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, t
             out[o + f"mlp.up.{kind}"] = take(p + f"intermediate.dense.{kind}")
             out[o + f"mlp.down.{kind}"] = take(p + f"output.dense.{kind}")
             out[o + f"mlp_norm.{kind}"] = take(p + f"output.LayerNorm.{kind}")
+    return out
+
+
+def convert_scorer_weights(hf: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """Map a Hugging Face ``*ForSequenceClassification`` state dict onto BertScorer's names."""
+    out = convert_weights(hf, spec)
+    w = {_strip(name): tensor for name, tensor in hf.items()}
+
+    def take(*names: str) -> torch.Tensor:
+        for name in names:
+            if name in w:
+                return w[name]
+        raise ValueError(f"{spec.path}: weight {names[0]!r} of the classification head is missing from the checkpoint")
+
+    if spec.token_types > 1:
+        types = take("embeddings.token_type_embeddings.weight")
+        out["type_delta"] = types[1] - types[0]
+    for kind in ("weight", "bias"):
+        if spec.family == "bert":  # pooler (dense + tanh on [CLS]), then the classifier
+            out[f"head_dense.{kind}"] = take(f"pooler.dense.{kind}")
+            out[f"head_out.{kind}"] = take(f"classifier.{kind}")
+        else:  # XLM-R's classification head: dense + tanh on <s>, then out_proj
+            out[f"head_dense.{kind}"] = take(f"classifier.dense.{kind}")
+            out[f"head_out.{kind}"] = take(f"classifier.out_proj.{kind}")
     return out

@@ -24,7 +24,7 @@ from starlette.routing import Route
 from core_engine.config import ModelSpec
 from sidecar.errors import EmbedError
 from sidecar.gateway import DRAINING, GENERIC_PROMPTS, EmbedParams, EmbedResult, Gateway
-from sidecar.http import openai_api, tei_api
+from sidecar.http import openai_api, rerank_api, tei_api
 from sidecar.http.body import DEFAULT_MAX_BODY_BYTES, LANE_HEADER, read_json
 from sidecar.http.errors import HttpError, from_embed_error, tei_status
 from sidecar.lanes import Lane
@@ -88,6 +88,9 @@ class HttpApp:
             self._route("/tokenize", "POST", tei, self._tei_tokenize),
             self._route("/info", "GET", tei, self._tei_info),
             self._route("/health", "GET", tei, self._health, auth=False),
+            self._route("/rerank", "POST", tei, self._tei_rerank),
+            self._route("/v1/rerank", "POST", "cohere", self._cohere_rerank),
+            self._route("/v2/rerank", "POST", "cohere", self._cohere_rerank),
         ]
         self._app = Starlette(routes=routes, exception_handlers={HTTPException: self._http_exception})
         # Exact paths skip Starlette's middleware stack and route matching (their endpoints catch
@@ -172,6 +175,8 @@ class HttpApp:
             headers = {**headers, "www-authenticate": "Bearer"}
         if flavor == "openai":
             return json_response(error.openai_body(), error.status, headers)
+        if flavor == "cohere":  # Cohere's envelope: {"message"}
+            return json_response({"message": error.message}, error.status, headers)
         return json_response(error.tei_body(), tei_status(error), headers)
 
     async def _http_exception(self, request: Request, exc: HTTPException) -> Response:
@@ -264,6 +269,21 @@ class HttpApp:
 
     async def _health(self, request: Request) -> Response:
         return Response(b"", status_code=200)
+
+    # ------------------------------------------------------------------ reranking
+
+    async def _tei_rerank(self, request: Request) -> Response:
+        payload = await self._payload(request)
+        params = rerank_api.parse_tei(payload, request.headers.get(LANE_HEADER), self.gateway.max_documents)
+        request.scope["fern.lane"] = params.lane.name.lower()
+        return json_response(rerank_api.tei_response(await self.gateway.rerank(params)))
+
+    async def _cohere_rerank(self, request: Request) -> Response:
+        payload = await self._payload(request)
+        params = rerank_api.parse_cohere(payload, request.headers.get(LANE_HEADER), self.gateway.max_documents)
+        request.scope["fern.lane"] = params.lane.name.lower()
+        version = "2" if request.url.path.startswith("/v2/") else "1"
+        return json_response(rerank_api.cohere_response(await self.gateway.rerank(params), version))
 
 
 async def _disconnected(request: Request) -> None:

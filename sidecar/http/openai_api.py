@@ -72,4 +72,4 @@ def model_entry(spec: ModelSpec) -> dict:
     return {"id": spec.name, "object": "model", "created": 0, "owned_by": "fern",
             "dimensions": spec.dimensions, "max_tokens": spec.max_tokens, "pooling": spec.pooling,
             "normalize": spec.normalize, "prompts": spec.prompts,
-            "matryoshka_dimensions": list(spec.matryoshka_dimensions)}
+            "matryoshka_dimensions": list(spec.matryoshka_dimensions), "kind": spec.kind}

@@ -103,8 +103,12 @@ def parse_tokenize(payload: dict, max_inputs: int) -> tuple[str, list[str], bool
 def info(spec: ModelSpec, max_inputs: int, max_batch_tokens: int) -> dict:
     """TEI's GET /info for the default model."""
     pooling = {"last": "last_token"}.get(spec.pooling, spec.pooling)
+    model_type: dict = {"embedding": {"pooling": pooling}}
+    if spec.kind == "reranker":  # TEI describes a reranker by its labels
+        labels = spec.config.get("id2label") or {"0": "LABEL_0"}
+        model_type = {"reranker": {"id2label": labels, "label2id": {v: int(k) for k, v in labels.items()}}}
     return {"model_id": spec.name, "model_sha": None, "model_dtype": "float32", "model_type":
-            {"embedding": {"pooling": pooling}}, "max_concurrent_requests": None,
+            model_type, "max_concurrent_requests": None,
             "max_input_length": spec.max_tokens, "max_batch_tokens": max_batch_tokens,
             "max_batch_requests": None, "max_client_batch_size": max_inputs, "auto_truncate": False,
             "tokenization_workers": None, "version": VERSION, "sha": None, "docker_label": None,

@@ -125,7 +125,7 @@ class Prompt(_message.Message):
     def __init__(self, name: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "dimensions", "max_tokens", "pooling", "prompts", "default_prompt_name", "normalize", "matryoshka_dimensions", "vocab_size", "distance", "native_int8", "learned_sparse", "multivector_dimensions")
+    __slots__ = ("name", "dimensions", "max_tokens", "pooling", "prompts", "default_prompt_name", "normalize", "matryoshka_dimensions", "vocab_size", "distance", "native_int8", "learned_sparse", "multivector_dimensions", "kind")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +139,7 @@ class ModelInfo(_message.Message):
     NATIVE_INT8_FIELD_NUMBER: _ClassVar[int]
     LEARNED_SPARSE_FIELD_NUMBER: _ClassVar[int]
     MULTIVECTOR_DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     name: str
     dimensions: int
     max_tokens: int
@@ -152,7 +153,8 @@ class ModelInfo(_message.Message):
     native_int8: bool
     learned_sparse: bool
     multivector_dimensions: int
-    def __init__(self, name: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_tokens: _Optional[int] = ..., pooling: _Optional[str] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., default_prompt_name: _Optional[str] = ..., normalize: _Optional[bool] = ..., matryoshka_dimensions: _Optional[_Iterable[int]] = ..., vocab_size: _Optional[int] = ..., distance: _Optional[str] = ..., native_int8: _Optional[bool] = ..., learned_sparse: _Optional[bool] = ..., multivector_dimensions: _Optional[int] = ...) -> None: ...
+    kind: str
+    def __init__(self, name: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_tokens: _Optional[int] = ..., pooling: _Optional[str] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., default_prompt_name: _Optional[str] = ..., normalize: _Optional[bool] = ..., matryoshka_dimensions: _Optional[_Iterable[int]] = ..., vocab_size: _Optional[int] = ..., distance: _Optional[str] = ..., native_int8: _Optional[bool] = ..., learned_sparse: _Optional[bool] = ..., multivector_dimensions: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models", "default_model")
@@ -161,3 +163,47 @@ class ListModelsResponse(_message.Message):
     models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
     default_model: str
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., default_model: _Optional[str] = ...) -> None: ...
+
+class RerankRequest(_message.Message):
+    __slots__ = ("request_id", "model", "query", "documents", "top_n", "raw_scores", "return_documents", "truncation", "lane")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    TOP_N_FIELD_NUMBER: _ClassVar[int]
+    RAW_SCORES_FIELD_NUMBER: _ClassVar[int]
+    RETURN_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATION_FIELD_NUMBER: _ClassVar[int]
+    LANE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    query: str
+    documents: _containers.RepeatedScalarFieldContainer[str]
+    top_n: int
+    raw_scores: bool
+    return_documents: bool
+    truncation: Truncation
+    lane: Lane
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., query: _Optional[str] = ..., documents: _Optional[_Iterable[str]] = ..., top_n: _Optional[int] = ..., raw_scores: _Optional[bool] = ..., return_documents: _Optional[bool] = ..., truncation: _Optional[_Union[Truncation, str]] = ..., lane: _Optional[_Union[Lane, str]] = ...) -> None: ...
+
+class RankedDocument(_message.Message):
+    __slots__ = ("index", "score", "document")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    score: float
+    document: str
+    def __init__(self, index: _Optional[int] = ..., score: _Optional[float] = ..., document: _Optional[str] = ...) -> None: ...
+
+class RerankResponse(_message.Message):
+    __slots__ = ("request_id", "model", "results", "token_counts")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    results: _containers.RepeatedCompositeFieldContainer[RankedDocument]
+    token_counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., results: _Optional[_Iterable[_Union[RankedDocument, _Mapping]]] = ..., token_counts: _Optional[_Iterable[int]] = ...) -> None: ...

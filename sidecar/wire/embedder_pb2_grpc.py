@@ -50,6 +50,11 @@ class EmbedderStub:
                 request_serializer=fern_dot_v1_dot_embedder__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=fern_dot_v1_dot_embedder__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.Rerank = channel.unary_unary(
+                '/fern.v1.Embedder/Rerank',
+                request_serializer=fern_dot_v1_dot_embedder__pb2.RerankRequest.SerializeToString,
+                response_deserializer=fern_dot_v1_dot_embedder__pb2.RerankResponse.FromString,
+                _registered_method=True)
 
 
 class EmbedderServicer:
@@ -81,6 +86,15 @@ class EmbedderServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rerank(self, request, context):
+        """Scores documents against a query with a reranker (a cross-encoder) and
+        returns them sorted by score. Embed refuses a reranker and Rerank an
+        embedding model, both with INVALID_ARGUMENT naming `model`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EmbedderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -98,6 +112,11 @@ def add_EmbedderServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=fern_dot_v1_dot_embedder__pb2.ListModelsRequest.FromString,
                     response_serializer=fern_dot_v1_dot_embedder__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'Rerank': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rerank,
+                    request_deserializer=fern_dot_v1_dot_embedder__pb2.RerankRequest.FromString,
+                    response_serializer=fern_dot_v1_dot_embedder__pb2.RerankResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -182,6 +201,33 @@ class Embedder:
             '/fern.v1.Embedder/ListModels',
             fern_dot_v1_dot_embedder__pb2.ListModelsRequest.SerializeToString,
             fern_dot_v1_dot_embedder__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rerank(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fern.v1.Embedder/Rerank',
+            fern_dot_v1_dot_embedder__pb2.RerankRequest.SerializeToString,
+            fern_dot_v1_dot_embedder__pb2.RerankResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -45,3 +45,24 @@ def test_a_slice_runs_through_qdrant_and_postgres(sidecar_target):
     assert same >= len(data.queries) - 1, (qdrant["bm25"], postgres["bm25"])
     # On 40 passages, a summary finds its own docstring's body among the first ten.
     assert score(qdrant["dense"], data)["recall@10"] >= 0.5
+
+
+def test_the_rerank_rows_reorder_the_hybrid_candidates_by_the_sidecars_cross_encoder(sidecar_factory, tmp_path):
+    from benchmarks.models import build_random_reranker
+    from benchmarks.retrieval_quality import RERANK_DEPTH, RERANK_NAME, sidecar_reranker
+    from sidecar.client import FernClient
+
+    checkpoint = build_random_reranker("bert", tmp_path / "cross-encoder", seed=5)
+    process = sidecar_factory("--model", "default", "--model", f"{RERANK_NAME}={checkpoint}")
+    data = load_set(queries=3, passages=40)
+    text = dict(data.passages)
+    try:
+        with FernClient(process.target, timeout=300) as client:
+            runs = qdrant_runs(process.target, data, sidecar_reranker(client))
+            for (_, query, _), hybrid, reranked in zip(data.queries, runs["hybrid"], runs["hybrid + rerank"]):
+                candidates = hybrid[:RERANK_DEPTH]
+                assert sorted(reranked) == sorted(candidates)
+                order = client.rerank(query, [text[i] for i in candidates], model=RERANK_NAME).indices
+                assert reranked == [candidates[i] for i in order]
+    finally:
+        process.stop()
