@@ -129,7 +129,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                         "default 8192; bigger jobs belong on EmbedStream)")
     p.add_argument("--sparse-language", default=_env("SPARSE_LANGUAGE", "english"),
                    help="language of the BM25 sparse vectors: its stopwords and stemmer "
-                        "(env FERN_SPARSE_LANGUAGE; default %(default)s; docs/qdrant.md lists them)")
+                        "(env FERN_SPARSE_LANGUAGE; default %(default)s; docs/sparse.md lists them)")
     p.add_argument("--grace", type=float, default=float(_env("GRACE", "30")),
                    help="seconds calls in flight get to finish on SIGTERM (env FERN_GRACE)")
     p.add_argument("--max-connection-age", type=float, default=float(_env("MAX_CONNECTION_AGE", "0")),

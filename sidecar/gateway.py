@@ -27,9 +27,9 @@ from core_engine.postprocess import finalize
 from core_engine.token_outputs import learned_sparse
 from sidecar import encodings
 from sidecar.errors import EmbedError, deadline_exceeded, invalid_argument, resource_exhausted, unavailable
+from sidecar.lexical import DEFAULT_LANGUAGE, UnknownLanguage, check_language
 from sidecar.registry import Registry, ServedModel
 from sidecar.scheduler import DeadlineExceeded, Draining, Lane, QueueFull
-from sidecar.lexical import DEFAULT_LANGUAGE, UnknownLanguage, check_language
 from sidecar.sparse import is_query, sparse_vectors
 from sidecar.tokenize import TextTokenizer
 from sidecar.tokenize.pairs import PairTokenizer
