@@ -28,6 +28,7 @@ def test_the_committed_set_is_whole_and_says_where_it_comes_from():
     assert all(set(q["relevant"]) <= ids and q["text"] for q in data["queries"])
 
 
+@pytest.mark.slow
 def test_a_slice_runs_through_qdrant_and_postgres(sidecar_target):
     data = load_set(queries=6, passages=40)
     assert len(data.passages) == 40 and all(q[2] <= {p for p, _ in data.passages} for q in data.queries)
@@ -47,6 +48,7 @@ def test_a_slice_runs_through_qdrant_and_postgres(sidecar_target):
     assert score(qdrant["dense"], data)["recall@10"] >= 0.5
 
 
+@pytest.mark.slow
 def test_the_rerank_rows_reorder_the_hybrid_candidates_by_the_sidecars_cross_encoder(sidecar_factory, tmp_path):
     from benchmarks.models import build_random_reranker
     from benchmarks.retrieval_quality import RERANK_DEPTH, RERANK_NAME, sidecar_reranker
