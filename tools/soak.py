@@ -50,6 +50,7 @@ WORDS = ("amber basalt cedar delta ember fjord garnet harbor indigo juniper kelp
          "zephyr alpine brook canyon dune").split()
 QUERIES = ("cedar harbor at dusk", "quartz in the meadow", "a lagoon of kelp", "violet tundra")
 CHUNK_TOKENS, CHUNK_OVERLAP = 32, 4
+FLAT_GROWTH_PCT = 5.0  # a life of 10 minutes or more is flat when its second half grew at most this much
 FAULTS = ("sidecar_sigkill", "sidecar_sigterm", "worker_sigkill", "postgres_restart")
 AUDIT_CHUNK = 4096
 SIDECAR_DOWN_S = 5.0
@@ -414,8 +415,9 @@ def _second_half(life: list[tuple[float, int]]) -> dict:
 
 
 def rss_report(samples: list[tuple[float, int, int]]) -> dict:
-    """First, max and last RSS (MiB), a per-minute series, and per process life whether the
-    last sample is within +25% of that life's first minute."""
+    """First, max and last RSS (MiB), a per-minute series, and per process life whether it is
+    flat: for a life of 10 minutes or more, its second half grew by at most FLAT_GROWTH_PCT;
+    for a shorter one, its last sample is within +25% of its first minute."""
     if not samples:
         return {}
     mib = lambda k: round(k / 1024, 1)  # noqa: E731
@@ -434,13 +436,19 @@ def rss_report(samples: list[tuple[float, int, int]]) -> dict:
                       **_second_half(life)})
     # A life of a few samples says nothing about growth: judge the lives of two minutes or more.
     judged = [life for life in lives if life["to_s"] - life["from_s"] >= 120] or lives
+    for life in lives:
+        # A long life is judged by its second half, past the first minutes' warm-up (the heap
+        # growing into its working set): flat when that half grew by at most 5%. A short one
+        # by its last sample against its first minute.
+        growth = life.get("second_half_growth_pct")
+        life["flat"] = growth <= FLAT_GROWTH_PCT if growth is not None else life["last_within_25pct_of_first_minute"]
     first_minute = statistics.mean(per_minute[min(per_minute)])
     return {"first_mib": mib(samples[0][2]), "max_mib": mib(max(k for *_, k in samples)),
             "last_mib": mib(samples[-1][2]), "first_minute_mean_mib": mib(first_minute),
             "last_within_25pct_of_first_minute": samples[-1][2] <= 1.25 * first_minute,
             "per_minute_mean_mib": {m: mib(statistics.mean(v)) for m, v in sorted(per_minute.items())},
             "lives": lives,
-            "flat": all(life["last_within_25pct_of_first_minute"] for life in judged)}
+            "flat": all(life["flat"] for life in judged)}
 
 
 def audit(conn: psycopg.Connection, client: FernClient) -> dict[str, int]:
