@@ -10,8 +10,6 @@ import logging
 import time
 from typing import Any
 
-import numpy as np
-
 from sidecar.lanes import Lane, Request
 from sidecar.scheduler.compose import Step, compose, compose_online
 from sidecar.scheduler.errors import deadline_passed

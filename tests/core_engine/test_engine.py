@@ -16,7 +16,7 @@ from core_engine.attention.base import AttentionMetadata
 from core_engine.attention.cpu import CpuAttention
 from core_engine import engine as engine_module
 from core_engine.engine import Engine, PreparedBatch
-from core_engine.graphs import Action, BucketConfig, CapturePolicy, GraphCache, GraphKey, key_for
+from core_engine.graphs import Action, BucketConfig, CapturePolicy, GraphCache, GraphKey
 from core_engine.settings import EngineConfig
 
 TEXTS = [
