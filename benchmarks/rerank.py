@@ -21,18 +21,15 @@ Both sides' raw logits on the same pairs are compared (max difference, top-10 ag
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory: nothing to fetch, ever
-
-from benchmarks.models import RERANKERS, TINY_RERANKERS, build_random_reranker, tokenizer_dir  # noqa: E402
-from benchmarks.provenance import result_header  # noqa: E402
-from benchmarks.texts import make_texts  # noqa: E402
+from benchmarks.models import RERANKERS, TINY_RERANKERS, build_random_reranker, tokenizer_dir
+from benchmarks.provenance import result_header
+from benchmarks.texts import make_texts
 
 
 def _pairs_texts(args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
@@ -89,7 +86,9 @@ class CrossEncoderSide:
         # transformers 4.56 renamed from_pretrained's torch_dtype to dtype.
         major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
         key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
-        self.model = CrossEncoder(str(path), device=device, max_length=512, model_kwargs={key: dtype})
+        # A local directory: nothing to fetch, ever.
+        self.model = CrossEncoder(str(path), device=device, max_length=512, local_files_only=True,
+                                  model_kwargs={key: dtype})
         self.identity = torch.nn.Identity()
 
     def scores(self, query: str, documents: list[str], batch_size: int):
