@@ -1,7 +1,8 @@
 """The trigger functions that enqueue a vectorizer's changed rows (and NOTIFY the workers), and the backfill.
 
 INSERT enqueues; UPDATE only when a source or key column really changed; DELETE/TRUNCATE
-where chunk rows must go. The functions are SECURITY DEFINER, executable by no one but their
+where chunk rows must go. A vectorizer with a sparse column also gets the triggers that keep
+its document frequencies exact (sparse.py). The functions are SECURITY DEFINER, executable by no one but their
 owner, and refuse to run on any table but their vectorizer's.
 """
 
@@ -11,6 +12,7 @@ import psycopg
 from psycopg import sql
 
 from adapters.postgres.catalog import Vectorizer, list_vectorizers
+from adapters.postgres.sparse import drop_df_triggers, install_df_triggers
 
 NOTIFY_CHANNEL = "fern_queue"
 
@@ -34,8 +36,20 @@ _GUARD = sql.SQL("""IF NOT EXISTS (SELECT 1 FROM fern.vectorizers
 END IF;""")
 
 
+# The guard of the triggers on the table holding a vectorizer's sparse column (the chunk
+# table in split mode; sparse.py).
+_SPARSE_GUARD = sql.SQL("""IF NOT EXISTS (SELECT 1 FROM fern.vectorizers
+                    WHERE id = {id} AND table_schema = TG_TABLE_SCHEMA
+                      AND CASE WHEN chunking = 'split' THEN chunk_table ELSE table_name END
+                          = TG_TABLE_NAME) THEN
+    RAISE EXCEPTION 'fern: % fired on %.%, which does not hold the sparse vectors of vectorizer {id}',
+        TG_NAME, quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME)
+        USING ERRCODE = 'insufficient_privilege';
+END IF;""")
+
+
 def _create_function(conn: psycopg.Connection, v_id: int, kind: str,
-                     body: sql.Composable) -> sql.Identifier:
+                     body: sql.Composable, sparse_table: str | None = None) -> sql.Identifier:
     """A SECURITY DEFINER trigger function, so any role that may write the table may enqueue.
 
     PostgreSQL checks EXECUTE when a trigger is created, not when it fires: revoking it from
@@ -43,8 +57,9 @@ def _create_function(conn: psycopg.Connection, v_id: int, kind: str,
     the vectorizer's table still fires it.
     """
     name = _function_name(v_id, kind)
+    guard = _GUARD if sparse_table is None else _SPARSE_GUARD
     source = sql.SQL("BEGIN\n{}\n{}\nRETURN NULL;\nEND").format(
-        _GUARD.format(id=sql.Literal(v_id)), body).as_string(conn)
+        guard.format(id=sql.Literal(v_id)), body).as_string(conn)
     conn.execute(sql.SQL("""CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql
                             SECURITY DEFINER SET search_path = pg_catalog, pg_temp
                             AS {}""").format(name, sql.Literal(source)))
@@ -107,10 +122,12 @@ def install_triggers(conn: psycopg.Connection, v: Vectorizer) -> None:
     conn.execute(sql.SQL("CREATE TRIGGER {} AFTER TRUNCATE ON {} FOR EACH STATEMENT "
                          "EXECUTE FUNCTION {}()").format(_trigger_name(v.id, "truncate"),
                                                          v.table, fn))
+    install_df_triggers(conn, v)
 
 
 def drop_triggers(conn: psycopg.Connection, v: Vectorizer) -> None:
     """Drop every trigger and trigger function of `v` (those that exist)."""
+    drop_df_triggers(conn, v)
     for kind in ("insert", "update", "delete", "truncate"):
         conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
             _trigger_name(v.id, kind), v.table))
@@ -134,8 +151,11 @@ def refresh_triggers(conn: psycopg.Connection) -> int:
                   AND NOT EXISTS (
                       SELECT 1 FROM fern.vectorizers v
                        WHERE p.proname ~ ('^vectorizer_' || v.id || '_')
-                         AND t.tgrelid = to_regclass(format('%I.%I', v.table_schema,
-                                                            v.table_name)))""").fetchall()
+                         AND t.tgrelid IN (
+                             to_regclass(format('%I.%I', v.table_schema, v.table_name)),
+                             to_regclass(CASE WHEN v.chunk_table IS NOT NULL THEN
+                                 format('%I.%I', v.table_schema, v.chunk_table) END)))"""
+        ).fetchall()
         for trigger, table in foreign:
             conn.execute(sql.SQL("DROP TRIGGER {} ON {}").format(sql.Identifier(trigger),
                                                                  sql.SQL(table)))
