@@ -475,7 +475,7 @@ class Worker:
         batch.texts, batch.owner = texts, owner
         return np.stack(rows).astype(np.float32), (sparse_rows if sparse is not None else None)
 
-    def _write(self, batch: _Batch, vectors: np.ndarray | None, sparse: list | None) -> int:
+    def _write(self, batch: _Batch, vectors: np.ndarray | None, sparse: list | None = None) -> int:
         """Delete the batch's queue rows and write its vectors (and sparse vectors), in one
         transaction; the sparse column's triggers update its document frequencies in it too."""
         v = batch.vectorizer
