@@ -97,7 +97,7 @@ def search(conn: psycopg.Connection | ConnectionPool, table: str | tuple[str, st
            hybrid: bool | None = None, client: FernClient | None = None,
            target_column: str | None = None,
            prompt: str | None = "query", candidates: int | None = None,
-           rrf_k: int = 60, text_match: str = "any", rerank: int | None = None,
+           rrf_k: int = 1, text_match: str = "any", rerank: int | None = None,
            rerank_model: str = "", lexical: str | None = None) -> list[SearchHit]:
     """The `k` best rows of `table` for `text`.
 
@@ -108,7 +108,9 @@ def search(conn: psycopg.Connection | ConnectionPool, table: str | tuple[str, st
     sparse column or a tsvector); when on, the best `candidates` (default 4k) of the dense
     list and of the lexical one are fused by RRF. `lexical` picks that list: "sparse" (the
     default where the vectorizer keeps sparse vectors: BM25, or learned weights) or
-    "fulltext" (the tsvector). One SQL statement.
+    "fulltext" (the tsvector). `rrf_k` 1 is Qdrant's fusion, 1 / (1 + rank): it lets each
+    list's first places count, and ranks better than the textbook 60 on the retrieval-quality
+    set, with either lexical list. One SQL statement.
     `conn` may be a psycopg_pool.ConnectionPool, from which one connection is borrowed.
     `text_match` "any" lets a row match the full-text side with any of the query's words
     (ranked by how many and how close), "all" needs every word (websearch syntax either way).

@@ -89,8 +89,8 @@ def install_df_triggers(conn: psycopg.Connection, v: Vectorizer) -> None:
     """Attach the triggers that keep v's document frequencies exact to the sparse column's table."""
     from adapters.postgres.triggers import _create_function, _trigger_name
 
-    if v.sparse_column is None:
-        return
+    if v.sparse_column is None or v.sparse_learned:
+        return  # learned weights are queried as they are: no IDF, nothing to count
     col = sql.Identifier(v.sparse_column)
     table = v.sparse_table
     # These fire on the sparse column's table (the chunk table in split mode): the guard
@@ -142,8 +142,10 @@ def drop_df_triggers(conn: psycopg.Connection, v: Vectorizer) -> None:
 
 
 def seed_df(conn: psycopg.Connection, v: Vectorizer) -> None:
-    """Count v's document frequencies afresh from the sparse vectors stored now."""
+    """Count v's document frequencies afresh from the sparse vectors stored now (BM25 only)."""
     assert v.sparse_column is not None
+    if v.sparse_learned:
+        return
     col = sql.Identifier(v.sparse_column)
     rows = sql.SQL("SELECT 1 AS sign, t.{c}::text AS sv FROM {t} t WHERE t.{c} IS NOT NULL").format(
         c=col, t=v.sparse_table)

@@ -147,7 +147,7 @@ def test_hybrid_fuses_dense_with_bm25(conn, fern, docs):
     assert by_id[1].text_rank == 1  # the rare word, found by BM25
     assert by_id[2].vector_rank == 1 and by_id[2].text_rank is None
     for h in hits:
-        expect = sum(1 / (60 + r) for r in (h.vector_rank, h.text_rank) if r is not None)
+        expect = sum(1 / (1 + r) for r in (h.vector_rank, h.text_rank) if r is not None)
         assert h.score == pytest.approx(expect)
     assert "embedding_sparse" not in hits[0].row
     # The sparse list is BM25 itself.
@@ -216,3 +216,76 @@ def test_drop_column_drops_the_sparse_column_and_its_frequencies(conn, docs):
     assert cols == {"id", "body", "lang"}
     assert conn.execute("SELECT count(*) FROM fern.sparse_df").fetchone()[0] == 0
     assert conn.execute("SELECT count(*) FROM pg_proc WHERE proname ~ '^vectorizer_'").fetchone()[0] == 0
+
+
+@pytest.fixture(scope="module")
+def m3_target(sidecar_factory, tmp_path_factory):
+    from tests.bge_m3_checkpoint import build_bge_m3
+
+    checkpoint = build_bge_m3(tmp_path_factory.mktemp("m3-pg") / "bge-m3", seed=37)
+    process = sidecar_factory("--model", f"bge-m3={checkpoint.path}", "--model", "default")
+    yield process.target
+    process.stop()
+
+
+def test_learned_sparse_weights_are_stored_and_queried_as_they_are(conn, pg_db, m3_target):
+    from sidecar.client import FernClient
+
+    with FernClient(m3_target, timeout=120) as m3:
+        conn.execute("CREATE TABLE docs (id int PRIMARY KEY, body text)")
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO docs VALUES (%s, %s)", list(DOCS.items()))
+        v = create_vectorizer(conn, "docs", ["body"], client=m3, model="bge-m3")
+        assert (v.sparse_column, v.sparse_learned) == ("embedding_sparse", True)
+        run_worker(pg_db, m3_target)
+        vectors = {k: vec[0] for k, vec in stored(conn).items()}
+        ref = m3.embed(list(DOCS.values()), model="bge-m3", prompt="passage", sparse=True)
+        for key, sv in zip(DOCS, ref.sparse):
+            assert sorted(vectors[key]) == sv.indices.tolist()
+            np.testing.assert_allclose([vectors[key][i] for i in sorted(vectors[key])], sv.values, rtol=1e-6)
+        # Learned weights need no IDF: nothing is counted.
+        assert df_table(conn, v.id) == ({}, 0)
+        query = "garden gnomes in the garden"
+        q = m3.embed([query], model="bge-m3", prompt="query", sparse=True).sparse[0]
+        weights = dict(zip(q.indices.tolist(), q.values.tolist()))
+        scores = {k: sum(w * vec.get(t, 0.0) for t, w in weights.items()) for k, vec in vectors.items()}
+        expect = [k for k, s_ in sorted(scores.items(), key=lambda kv: -kv[1]) if s_ > 0]
+        assert expect  # the random model's weights share tokens with the query
+        hits = search(conn, "docs", query, 8, client=m3)
+        lexical = sorted((h for h in hits if h.text_rank), key=lambda h: h.text_rank)
+        assert [h.row["id"] for h in lexical] == expect[:len(lexical)] and len(lexical) == min(8, len(expect))
+
+
+@pytest.mark.slow
+def test_a_model_change_brings_its_own_sparse_vectors_and_frequencies(conn, pg_db, sidecar_factory):
+    from adapters.postgres.vectorizer import alter_vectorizer, get_vectorizer
+    from sidecar.client import FernClient
+
+    side = sidecar_factory("--model", "mini-a=default", "--model", "mini-b=default")
+    with FernClient(side.target, timeout=120) as client:
+        conn.execute("CREATE TABLE docs (id int PRIMARY KEY, body text)")
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO docs VALUES (%s, %s)", list(DOCS.items()))
+        v = create_vectorizer(conn, "docs", ["body"], client=client, model="mini-a")
+        run_worker(pg_db, side.target)
+        shadow = alter_vectorizer(conn, "docs", model="mini-b", client=client)
+        assert shadow.sparse_column == "embedding_next_sparse"
+        conn.execute("UPDATE docs SET body = 'zorblax trains' WHERE id = 3")
+        conn.execute("DELETE FROM docs WHERE id = 4")
+        run_worker(pg_db, side.target)
+        after = get_vectorizer(conn, "docs")
+        assert (after.id, after.model, after.sparse_column) == (v.id, "mini-b", "embedding_sparse")
+        cols = {r[0] for r in conn.execute("SELECT attname FROM pg_attribute WHERE attrelid = 'docs'::regclass "
+                                           "AND attnum > 0 AND NOT attisdropped")}
+        assert cols == {"id", "body", "embedding", "embedding_sparse"}
+        assert_df_exact(conn, v.id)
+        assert conn.execute("SELECT count(*) FROM fern.sparse_df WHERE vectorizer_id <> %s",
+                            (v.id,)).fetchone()[0] == 0
+        # The swapped-in column's triggers count on.
+        conn.execute("DELETE FROM docs WHERE id = 1")
+        conn.execute("INSERT INTO docs VALUES (20, 'ceramic gnomes again')")
+        run_worker(pg_db, side.target)
+        assert sorted(stored(conn)) == [2, 3, 5, 6, 7, 8, 20]
+        assert_df_exact(conn, v.id)
+        hits = search(conn, "docs", "zorblax", 3, client=client)
+        assert hits[0].row["id"] == 3 and hits[0].text_rank == 1
