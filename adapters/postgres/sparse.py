@@ -10,8 +10,9 @@ BM25 needs each query term's inverse document frequency. `fern.sparse_df` counts
 vectorizer and term, the stored sparse vectors holding the term, and `fern.sparse_docs`
 how many are stored; triggers on the table that holds the sparse column (the chunk table
 in split mode) keep both exact in the same transaction as every write there: INSERT and
-DELETE (statement triggers over the transition tables), an UPDATE that changes the
-sparse vector (a row trigger: the old vector's terms out, the new one's in), TRUNCATE.
+DELETE and UPDATE (statement triggers over the transition tables: the old vectors' terms
+out, the new ones' in; rows whose sparse vector an UPDATE left alone count nothing),
+TRUNCATE.
 Concurrent writers increment with INSERT ... ON CONFLICT DO UPDATE, after a
 per-vectorizer transaction-level advisory lock, so two writers of overlapping terms queue
 behind each other instead of deadlocking. At query time the sidecar's query vector (BM25's
@@ -81,6 +82,11 @@ SELECT {vid}, x.n FROM (SELECT coalesce(sum(s.sign), 0)::bigint AS n FROM ({rows
         lock=sql.Literal(_DF_LOCK), vid=vid, terms=_terms_of(rows), rows=rows)
 
 
+def _row_key(v: Vectorizer) -> tuple[str, ...]:
+    """The primary key of the sparse column's table: the row key, and chunk_index in split mode."""
+    return v.key_columns + (("chunk_index",) if v.chunking == "split" else ())
+
+
 def _sparse_table_name(v: Vectorizer) -> str:
     return v.chunk_table if v.chunking == "split" else v.table_name  # type: ignore[return-value]
 
@@ -110,15 +116,22 @@ def install_df_triggers(conn: psycopg.Connection, v: Vectorizer) -> None:
     conn.execute(sql.SQL("""CREATE TRIGGER {} AFTER DELETE ON {} REFERENCING OLD TABLE AS fern_old
                             FOR EACH STATEMENT EXECUTE FUNCTION {}()""").format(
         _trigger_name(v.id, "df_delete"), table, fn))
-    # A row trigger, only when the sparse vector itself changes: an UPDATE of other columns
-    # costs nothing here.
-    changed = sql.SQL("""SELECT 1 AS sign, NEW.{c}::text AS sv WHERE NEW.{c} IS NOT NULL
-                         UNION ALL SELECT -1, OLD.{c}::text WHERE OLD.{c} IS NOT NULL""").format(c=col)
+    # UPDATE: one statement trigger over both transition tables. The old and new rows are
+    # paired by key; a pair whose sparse vector did not change adds nothing, so an UPDATE of
+    # other columns writes no counts. (A key change pairs rows differently, and the sum of
+    # new minus old vectors stays the same.)
+    on = sql.SQL(" AND ").join(sql.SQL("o.{k} = n.{k}").format(k=sql.Identifier(k))
+                               for k in _row_key(v))
+    pairs = sql.SQL("""SELECT o.{c} AS o_sv, n.{c} AS n_sv FROM fern_old o FULL JOIN fern_new n ON {on}
+                        WHERE o.{c}::text IS DISTINCT FROM n.{c}::text""").format(c=col, on=on)
+    changed = sql.SQL("""SELECT 1 AS sign, p.n_sv::text AS sv FROM ({pairs}) p WHERE p.n_sv IS NOT NULL
+                         UNION ALL
+                         SELECT -1, p.o_sv::text FROM ({pairs}) p WHERE p.o_sv IS NOT NULL""").format(pairs=pairs)
     fn = _create_function(conn, v.id, "df_update", _apply_delta(v.id, changed), guard_table)
-    conn.execute(sql.SQL("""CREATE TRIGGER {} AFTER UPDATE OF {} ON {} FOR EACH ROW
-                            WHEN (OLD.{c}::text IS DISTINCT FROM NEW.{c}::text)
-                            EXECUTE FUNCTION {}()""").format(
-        _trigger_name(v.id, "df_update"), col, table, fn, c=col))
+    conn.execute(sql.SQL("""CREATE TRIGGER {} AFTER UPDATE ON {}
+                            REFERENCING OLD TABLE AS fern_old NEW TABLE AS fern_new
+                            FOR EACH STATEMENT EXECUTE FUNCTION {}()""").format(
+        _trigger_name(v.id, "df_update"), table, fn))
     reset = sql.SQL("""PERFORM pg_advisory_xact_lock({lock}, {vid});
 DELETE FROM fern.sparse_df WHERE vectorizer_id = {vid};
 DELETE FROM fern.sparse_docs WHERE vectorizer_id = {vid};""").format(

@@ -289,3 +289,29 @@ def test_a_model_change_brings_its_own_sparse_vectors_and_frequencies(conn, pg_d
         assert_df_exact(conn, v.id)
         hits = search(conn, "docs", "zorblax", 3, client=client)
         assert hits[0].row["id"] == 3 and hits[0].text_rank == 1
+
+
+def test_concurrent_workers_keep_the_frequencies_exact(conn, fern, pg_db, pg_target):
+    import threading
+
+    from adapters.postgres.worker import Worker, WorkerConfig
+
+    conn.execute("CREATE TABLE many (id int PRIMARY KEY, body text)")
+    words = ["garden", "gnome", "train", "river", "city", "music", "laptop", "screen", "cat", "bread"]
+    conn.execute("""INSERT INTO many
+                    SELECT g, (%s::text[])[1 + g %% 10] || ' ' || (%s::text[])[1 + (g / 10) %% 10]
+                              || ' note ' || g
+                      FROM generate_series(1, 400) g""", (words, words))
+    v = create_vectorizer(conn, "many", ["body"], client=fern)
+    workers = [Worker(WorkerConfig(dsn=pg_db, target=pg_target, batch_size=8)) for _ in range(3)]
+    threads = [threading.Thread(target=w.run, kwargs={"until_empty": True, "timeout": 300}) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for w in workers:
+        w.close()
+    assert sum(w.stats.vectorizers_parked for w in workers) == 0
+    assert sum(w.stats.rows_written for w in workers) == 400
+    assert_df_exact(conn, v.id, table="many")
+    assert df_table(conn, v.id)[1] == 400
