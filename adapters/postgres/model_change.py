@@ -13,8 +13,9 @@ from adapters.postgres.catalog import (Vectorizer, get_vectorizer, insert_vector
 from adapters.postgres.ddl import create_chunk_table, ensure_vector_column, index_distance, table_columns
 from adapters.postgres.errors import VectorizerError
 from adapters.postgres.names import index_name
-from adapters.postgres.sparse import drop_df_triggers, ensure_sparse_column, install_df_triggers
-from adapters.postgres.triggers import backfill, drop_triggers, install_triggers
+from adapters.postgres.sparse import ensure_sparse_column
+from adapters.postgres.triggers import (backfill, drop_df_triggers, drop_triggers, install_df_triggers,
+                                        install_triggers)
 
 if TYPE_CHECKING:
     from sidecar.client import FernClient

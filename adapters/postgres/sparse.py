@@ -37,9 +37,9 @@ if TYPE_CHECKING:
 
 SPARSEVEC_DIM = 1_000_000_000
 SPARSEVEC_TYPE = f"sparsevec({SPARSEVEC_DIM})"
-# pg_advisory_xact_lock(_DF_LOCK, vectorizer id) serializes the df updates of one vectorizer.
-_DF_LOCK = 0x6665726E  # "fern"
-_KINDS = ("df_insert", "df_update", "df_delete", "df_truncate")
+# pg_advisory_xact_lock(DF_LOCK, vectorizer id) serializes the df updates of one vectorizer.
+DF_LOCK = 0x6665726E  # "fern"
+DF_KINDS = ("df_insert", "df_update", "df_delete", "df_truncate")
 
 
 def to_pgvector(sv: FernSparse):
@@ -69,7 +69,7 @@ def _terms_of(rows: sql.Composable) -> sql.Composed:
                        GROUP BY 1""").format(rows=rows)
 
 
-def _apply_delta(v_id: int, rows: sql.Composable) -> sql.Composed:
+def apply_delta(v_id: int, rows: sql.Composable) -> sql.Composed:
     """Statements that add the signed vectors of `rows` to v_id's df and document count."""
     vid = sql.Literal(v_id)
     return sql.SQL("""PERFORM pg_advisory_xact_lock({lock}, {vid});
@@ -79,79 +79,16 @@ SELECT {vid}, x.term, x.n FROM ({terms}) x WHERE x.n <> 0 ORDER BY x.term
 INSERT INTO fern.sparse_docs AS c (vectorizer_id, docs)
 SELECT {vid}, x.n FROM (SELECT coalesce(sum(s.sign), 0)::bigint AS n FROM ({rows}) s) x WHERE x.n <> 0
     ON CONFLICT (vectorizer_id) DO UPDATE SET docs = c.docs + EXCLUDED.docs;""").format(
-        lock=sql.Literal(_DF_LOCK), vid=vid, terms=_terms_of(rows), rows=rows)
+        lock=sql.Literal(DF_LOCK), vid=vid, terms=_terms_of(rows), rows=rows)
 
 
-def _row_key(v: Vectorizer) -> tuple[str, ...]:
+def row_key(v: Vectorizer) -> tuple[str, ...]:
     """The primary key of the sparse column's table: the row key, and chunk_index in split mode."""
     return v.key_columns + (("chunk_index",) if v.chunking == "split" else ())
 
 
-def _sparse_table_name(v: Vectorizer) -> str:
+def sparse_table_name(v: Vectorizer) -> str:
     return v.chunk_table if v.chunking == "split" else v.table_name  # type: ignore[return-value]
-
-
-def install_df_triggers(conn: psycopg.Connection, v: Vectorizer) -> None:
-    """Attach the triggers that keep v's document frequencies exact to the sparse column's table."""
-    from adapters.postgres.triggers import _create_function, _trigger_name
-
-    if v.sparse_column is None or v.sparse_learned:
-        return  # learned weights are queried as they are: no IDF, nothing to count
-    col = sql.Identifier(v.sparse_column)
-    table = v.sparse_table
-    # These fire on the sparse column's table (the chunk table in split mode): the guard
-    # checks that one.
-    guard_table = _sparse_table_name(v)
-
-    def rows(alias: str, sign: int) -> sql.Composed:
-        return sql.SQL("SELECT {s} AS sign, {a}.{c}::text AS sv FROM {t} {a} WHERE {a}.{c} IS NOT NULL").format(
-            s=sql.Literal(sign), a=sql.Identifier(alias), c=col,
-            t=sql.Identifier("fern_new" if sign > 0 else "fern_old"))
-
-    fn = _create_function(conn, v.id, "df_insert", _apply_delta(v.id, rows("n", 1)), guard_table)
-    conn.execute(sql.SQL("""CREATE TRIGGER {} AFTER INSERT ON {} REFERENCING NEW TABLE AS fern_new
-                            FOR EACH STATEMENT EXECUTE FUNCTION {}()""").format(
-        _trigger_name(v.id, "df_insert"), table, fn))
-    fn = _create_function(conn, v.id, "df_delete", _apply_delta(v.id, rows("o", -1)), guard_table)
-    conn.execute(sql.SQL("""CREATE TRIGGER {} AFTER DELETE ON {} REFERENCING OLD TABLE AS fern_old
-                            FOR EACH STATEMENT EXECUTE FUNCTION {}()""").format(
-        _trigger_name(v.id, "df_delete"), table, fn))
-    # UPDATE: one statement trigger over both transition tables. The old and new rows are
-    # paired by key; a pair whose sparse vector did not change adds nothing, so an UPDATE of
-    # other columns writes no counts. (A key change pairs rows differently, and the sum of
-    # new minus old vectors stays the same.)
-    on = sql.SQL(" AND ").join(sql.SQL("o.{k} = n.{k}").format(k=sql.Identifier(k))
-                               for k in _row_key(v))
-    pairs = sql.SQL("""SELECT o.{c} AS o_sv, n.{c} AS n_sv FROM fern_old o FULL JOIN fern_new n ON {on}
-                        WHERE o.{c}::text IS DISTINCT FROM n.{c}::text""").format(c=col, on=on)
-    changed = sql.SQL("""SELECT 1 AS sign, p.n_sv::text AS sv FROM ({pairs}) p WHERE p.n_sv IS NOT NULL
-                         UNION ALL
-                         SELECT -1, p.o_sv::text FROM ({pairs}) p WHERE p.o_sv IS NOT NULL""").format(pairs=pairs)
-    fn = _create_function(conn, v.id, "df_update", _apply_delta(v.id, changed), guard_table)
-    conn.execute(sql.SQL("""CREATE TRIGGER {} AFTER UPDATE ON {}
-                            REFERENCING OLD TABLE AS fern_old NEW TABLE AS fern_new
-                            FOR EACH STATEMENT EXECUTE FUNCTION {}()""").format(
-        _trigger_name(v.id, "df_update"), table, fn))
-    reset = sql.SQL("""PERFORM pg_advisory_xact_lock({lock}, {vid});
-DELETE FROM fern.sparse_df WHERE vectorizer_id = {vid};
-DELETE FROM fern.sparse_docs WHERE vectorizer_id = {vid};""").format(
-        lock=sql.Literal(_DF_LOCK), vid=sql.Literal(v.id))
-    fn = _create_function(conn, v.id, "df_truncate", reset, guard_table)
-    conn.execute(sql.SQL("CREATE TRIGGER {} AFTER TRUNCATE ON {} FOR EACH STATEMENT "
-                         "EXECUTE FUNCTION {}()").format(_trigger_name(v.id, "df_truncate"), table, fn))
-
-
-def drop_df_triggers(conn: psycopg.Connection, v: Vectorizer) -> None:
-    """Drop v's df triggers and their functions (those that exist; the table may be gone)."""
-    from adapters.postgres.triggers import _function_name, _trigger_name
-
-    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
-                          (v.sparse_table.as_string(conn),)).fetchone()[0]
-    for kind in _KINDS:
-        if exists:
-            conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
-                _trigger_name(v.id, kind), v.sparse_table))
-        conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(_function_name(v.id, kind)))
 
 
 def seed_df(conn: psycopg.Connection, v: Vectorizer) -> None:

@@ -12,7 +12,7 @@ import psycopg
 from psycopg import sql
 
 from adapters.postgres.catalog import Vectorizer, list_vectorizers
-from adapters.postgres.sparse import drop_df_triggers, install_df_triggers
+from adapters.postgres.sparse import DF_KINDS, DF_LOCK, apply_delta, row_key, sparse_table_name
 
 NOTIFY_CHANNEL = "fern_queue"
 
@@ -123,6 +123,65 @@ def install_triggers(conn: psycopg.Connection, v: Vectorizer) -> None:
                          "EXECUTE FUNCTION {}()").format(_trigger_name(v.id, "truncate"),
                                                          v.table, fn))
     install_df_triggers(conn, v)
+
+
+def install_df_triggers(conn: psycopg.Connection, v: Vectorizer) -> None:
+    """Attach the triggers that keep v's document frequencies exact to the sparse column's table."""
+    if v.sparse_column is None or v.sparse_learned:
+        return  # learned weights are queried as they are: no IDF, nothing to count
+    col = sql.Identifier(v.sparse_column)
+    table = v.sparse_table
+    # These fire on the sparse column's table (the chunk table in split mode): the guard
+    # checks that one.
+    guard_table = sparse_table_name(v)
+
+    def rows(alias: str, sign: int) -> sql.Composed:
+        return sql.SQL("SELECT {s} AS sign, {a}.{c}::text AS sv FROM {t} {a} WHERE {a}.{c} IS NOT NULL").format(
+            s=sql.Literal(sign), a=sql.Identifier(alias), c=col,
+            t=sql.Identifier("fern_new" if sign > 0 else "fern_old"))
+
+    fn = _create_function(conn, v.id, "df_insert", apply_delta(v.id, rows("n", 1)), guard_table)
+    conn.execute(sql.SQL("""CREATE TRIGGER {} AFTER INSERT ON {} REFERENCING NEW TABLE AS fern_new
+                            FOR EACH STATEMENT EXECUTE FUNCTION {}()""").format(
+        _trigger_name(v.id, "df_insert"), table, fn))
+    fn = _create_function(conn, v.id, "df_delete", apply_delta(v.id, rows("o", -1)), guard_table)
+    conn.execute(sql.SQL("""CREATE TRIGGER {} AFTER DELETE ON {} REFERENCING OLD TABLE AS fern_old
+                            FOR EACH STATEMENT EXECUTE FUNCTION {}()""").format(
+        _trigger_name(v.id, "df_delete"), table, fn))
+    # UPDATE: one statement trigger over both transition tables. The old and new rows are
+    # paired by key; a pair whose sparse vector did not change adds nothing, so an UPDATE of
+    # other columns writes no counts. (A key change pairs rows differently, and the sum of
+    # new minus old vectors stays the same.)
+    on = sql.SQL(" AND ").join(sql.SQL("o.{k} = n.{k}").format(k=sql.Identifier(k))
+                               for k in row_key(v))
+    pairs = sql.SQL("""SELECT o.{c} AS o_sv, n.{c} AS n_sv FROM fern_old o FULL JOIN fern_new n ON {on}
+                        WHERE o.{c}::text IS DISTINCT FROM n.{c}::text""").format(c=col, on=on)
+    changed = sql.SQL("""SELECT 1 AS sign, p.n_sv::text AS sv FROM ({pairs}) p WHERE p.n_sv IS NOT NULL
+                         UNION ALL
+                         SELECT -1, p.o_sv::text FROM ({pairs}) p WHERE p.o_sv IS NOT NULL""").format(pairs=pairs)
+    fn = _create_function(conn, v.id, "df_update", apply_delta(v.id, changed), guard_table)
+    conn.execute(sql.SQL("""CREATE TRIGGER {} AFTER UPDATE ON {}
+                            REFERENCING OLD TABLE AS fern_old NEW TABLE AS fern_new
+                            FOR EACH STATEMENT EXECUTE FUNCTION {}()""").format(
+        _trigger_name(v.id, "df_update"), table, fn))
+    reset = sql.SQL("""PERFORM pg_advisory_xact_lock({lock}, {vid});
+DELETE FROM fern.sparse_df WHERE vectorizer_id = {vid};
+DELETE FROM fern.sparse_docs WHERE vectorizer_id = {vid};""").format(
+        lock=sql.Literal(DF_LOCK), vid=sql.Literal(v.id))
+    fn = _create_function(conn, v.id, "df_truncate", reset, guard_table)
+    conn.execute(sql.SQL("CREATE TRIGGER {} AFTER TRUNCATE ON {} FOR EACH STATEMENT "
+                         "EXECUTE FUNCTION {}()").format(_trigger_name(v.id, "df_truncate"), table, fn))
+
+
+def drop_df_triggers(conn: psycopg.Connection, v: Vectorizer) -> None:
+    """Drop v's df triggers and their functions (those that exist; the table may be gone)."""
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                          (v.sparse_table.as_string(conn),)).fetchone()[0]
+    for kind in DF_KINDS:
+        if exists:
+            conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
+                _trigger_name(v.id, kind), v.sparse_table))
+        conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(_function_name(v.id, kind)))
 
 
 def drop_triggers(conn: psycopg.Connection, v: Vectorizer) -> None:
