@@ -157,8 +157,8 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
                    help="overlap in tokens for --chunking split (env FERN_PG_CHUNK_OVERLAP; "
                         "default %(default)s)")
     p.add_argument("--hybrid", action="store_true", default=_env_bool("FERN_PG_HYBRID"),
-                   help="also keep a tsvector column with a GIN index for hybrid search "
-                        "(env FERN_PG_HYBRID=1)")
+                   help="also keep a tsvector column with a GIN index: full text as hybrid "
+                        "search's lexical side (search(lexical='fulltext'); env FERN_PG_HYBRID=1)")
     p.add_argument("--no-sparse", action="store_true", default=_env_bool("FERN_PG_NO_SPARSE"),
                    help="keep no sparse vectors (BM25 or learned) beside the dense ones; hybrid "
                         "search then needs --hybrid (env FERN_PG_NO_SPARSE=1)")

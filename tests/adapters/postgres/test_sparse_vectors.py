@@ -315,3 +315,19 @@ def test_concurrent_workers_keep_the_frequencies_exact(conn, fern, pg_db, pg_tar
     assert sum(w.stats.rows_written for w in workers) == 400
     assert_df_exact(conn, v.id, table="many")
     assert df_table(conn, v.id)[1] == 400
+
+
+def test_fern_pg_vectorize_keeps_sparse_vectors_unless_told_not_to(conn, pg_db, pg_target):
+    from cli_helpers import assert_one_line_error, fern_pg
+
+    conn.execute("CREATE TABLE a (id int PRIMARY KEY, body text)")
+    conn.execute("CREATE TABLE b (id int PRIMARY KEY, body text)")
+    common = ("--dsn", pg_db, "--target", pg_target, "-c", "body")
+    out = fern_pg("vectorize", "a", *common)
+    assert out.returncode == 0, out.stderr
+    out = fern_pg("vectorize", "b", *common, "--no-sparse")
+    assert out.returncode == 0, out.stderr
+    assert dict(conn.execute("SELECT table_name, sparse_column FROM fern.vectorizers").fetchall()) == {
+        "a": "embedding_sparse", "b": None}
+    out = fern_pg("vectorize", "b", *common, "--target-column", "e2", env={"FERN_PG_NO_SPARSE": "maybe"})
+    assert_one_line_error(out, "FERN_PG_NO_SPARSE", "maybe")
