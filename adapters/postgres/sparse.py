@@ -8,11 +8,11 @@ form pgvector numbers them from 1.
 
 BM25 needs each query term's inverse document frequency. `fern.sparse_df` counts, per
 vectorizer and term, the stored sparse vectors holding the term, and `fern.sparse_docs`
-how many are stored; triggers on the table that holds the sparse column (the chunk table
-in split mode) keep both exact in the same transaction as every write there: INSERT and
-DELETE and UPDATE (statement triggers over the transition tables: the old vectors' terms
-out, the new ones' in; rows whose sparse vector an UPDATE left alone count nothing),
-TRUNCATE.
+how many are stored. Triggers on the table that holds the sparse column (the chunk table in
+split mode; triggers.py installs them) keep both exact in the same transaction as every write
+there: statement triggers over the transition tables on INSERT, UPDATE and DELETE (the old
+vectors' terms out, the new ones' in; a row whose sparse vector an UPDATE left alone counts
+nothing), and TRUNCATE.
 Concurrent writers increment with INSERT ... ON CONFLICT DO UPDATE, after a
 per-vectorizer transaction-level advisory lock, so two writers of overlapping terms queue
 behind each other instead of deadlocking. At query time the sidecar's query vector (BM25's

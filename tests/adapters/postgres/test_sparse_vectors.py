@@ -331,3 +331,24 @@ def test_fern_pg_vectorize_keeps_sparse_vectors_unless_told_not_to(conn, pg_db, 
         "a": "embedding_sparse", "b": None}
     out = fern_pg("vectorize", "b", *common, "--target-column", "e2", env={"FERN_PG_NO_SPARSE": "maybe"})
     assert_one_line_error(out, "FERN_PG_NO_SPARSE", "maybe")
+
+
+def test_the_sparse_migration_leaves_existing_vectorizers_as_they_were(pg_db):
+    import psycopg
+
+    from adapters.postgres.installer import install
+    from adapters.postgres.migrate import apply_migrations, bundled_migrations
+    from adapters.postgres.vectorizer import get_vectorizer
+
+    with psycopg.connect(pg_db, autocommit=True) as c:
+        assert apply_migrations(c, [m for m in bundled_migrations() if m.version < 3]) == [
+            "0001_schema", "0002_guards_and_parking"]
+        c.execute("CREATE TABLE old (id int PRIMARY KEY, body text)")
+        c.execute("""INSERT INTO fern.vectorizers (table_schema, table_name, target_column, key_columns,
+                         key_types, source_columns, template, model, dimensions, max_tokens, hybrid,
+                         tsv_column, language)
+                     VALUES ('public', 'old', 'embedding', '{id}', '{integer}', '{body}', '{body}', 'm',
+                             384, 256, true, 'embedding_tsv', 'english')""")
+        assert install(c) == ["0003_sparse"]
+        v = get_vectorizer(c, "old")
+        assert (v.sparse_column, v.sparse_learned, v.tsv_column) == (None, False, "embedding_tsv")
