@@ -17,8 +17,12 @@ PostgreSQL (embedded PostgreSQL 18 + pgvector, the adapter's vectorizer and work
 - bm25: Fern's BM25 document vectors in a `sparsevec(1000000000)` column, ranked by inner
   product with a query vector whose weights are Qdrant's IDF, ln(1 + (N - df + 0.5) /
   (df + 0.5)), counted over the stored vectors: the BM25 score itself;
-- fulltext: PostgreSQL's own full-text side of the adapter's hybrid (tsvector, ts_rank_cd);
-- hybrid: `search(hybrid=True)`, the adapter's dense + full-text RRF in one statement;
+- fulltext: PostgreSQL's own full-text side (tsvector, ts_rank_cd);
+- hybrid: `search(hybrid=True)`, the adapter's default hybrid: dense + the vectorizer's own
+  BM25 sparse vectors (filled by the worker, IDF from its document-frequency table), RRF in
+  one statement;
+- hybrid rrf_k=60: the same with RRF's textbook constant instead of Qdrant's 1;
+- hybrid_fulltext: `search(hybrid=True, lexical="fulltext")`, dense + full-text RRF;
 - hybrid_bm25: dense and bm25, each DEPTH deep, fused as Qdrant's RRF fuses them
   (1 / (1 + rank)): the Qdrant hybrid's vectors and fusion, in PostgreSQL.
 
@@ -54,6 +58,8 @@ DEPTH = 40  # candidates each side of a fusion: the adapters' default for k = 10
 QDRANT_RRF_K = 1  # qdrant-client's RRF: 1 / (pos + 2) for 0-based pos, i.e. 1 / (1 + rank)
 RERANK_DEPTH = 30
 SPARSEVEC_DIM = 1_000_000_000
+# The adapter's hybrid again with another RRF constant than its default (Qdrant's, 1).
+EXTRA_RRF_K = (60,)
 
 
 @dataclass(frozen=True)
@@ -192,7 +198,9 @@ def postgres_runs(target: str, data: RetrievalSet, rerank: Reranker | None) -> d
                           ORDER BY ts_rank_cd({tsv}, q.tsq) DESC, id LIMIT %s""").format(
             tsq=_TSQUERY_ANY, tsv=sql.Identifier(v.tsv_column))
         runs: dict[str, list[list[str]]] = {"dense": [], "bm25": [], "fulltext": [], "hybrid": [],
-                                            "hybrid_bm25": []}
+                                            "hybrid_fulltext": [], "hybrid_bm25": []}
+        for rrf_k in EXTRA_RRF_K:
+            runs[f"hybrid rrf_k={rrf_k}"] = []
         for _, query, _ in data.queries:
             dense = [h.row["id"] for h in search(conn, "docs", query, DEPTH, hybrid=False, client=fern)]
             runs["dense"].append(dense[:K])
@@ -208,6 +216,11 @@ def postgres_runs(target: str, data: RetrievalSet, rerank: Reranker | None) -> d
             depth = RERANK_DEPTH if rerank else K
             runs["hybrid"].append([h.row["id"] for h in search(conn, "docs", query, depth, hybrid=True,
                                                                client=fern)])
+            runs["hybrid_fulltext"].append([h.row["id"] for h in search(
+                conn, "docs", query, depth, hybrid=True, lexical="fulltext", client=fern)])
+            for rrf_k in EXTRA_RRF_K:
+                runs[f"hybrid rrf_k={rrf_k}"].append([h.row["id"] for h in search(
+                    conn, "docs", query, depth, hybrid=True, client=fern, rrf_k=rrf_k)])
             runs["hybrid_bm25"].append(rrf(dense, bm25)[:depth])
         if rerank:
             runs["hybrid + rerank"] = reranked(data, runs["hybrid"], rerank)

@@ -47,6 +47,10 @@ class Vectorizer:
     generation: int
     replaces: int | None
     tsv_created: bool = False
+    # The sparsevec column beside the vector column (or in the chunk table), None when none;
+    # sparse_learned: its vectors are the model's learned weights, else BM25 lexical terms.
+    sparse_column: str | None = None
+    sparse_learned: bool = False
     # Set while the vectorizer's SQL fails and workers skip it (see worker.py).
     parked_error: str | None = field(default=None, compare=False)
     parked_at: datetime | None = field(default=None, compare=False)
@@ -84,6 +88,11 @@ class Vectorizer:
             sql.SQL("{} = ({} ->> {})::{}").format(sql.Identifier(alias, k), json_expr,
                                                    sql.Literal(n), sql.SQL(t))
             for n, (k, t) in enumerate(zip(self.key_columns, self.key_types)))
+
+    @property
+    def sparse_table(self) -> sql.Identifier:
+        """The table holding the sparse column: the chunk table in split mode, else the table."""
+        return self.chunks if self.chunking == "split" else self.table
 
     def distance_operator(self) -> sql.SQL:
         return sql.SQL(_DISTANCE_OP[self.distance])

@@ -157,8 +157,11 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
                    help="overlap in tokens for --chunking split (env FERN_PG_CHUNK_OVERLAP; "
                         "default %(default)s)")
     p.add_argument("--hybrid", action="store_true", default=_env_bool("FERN_PG_HYBRID"),
-                   help="also keep a tsvector column with a GIN index for hybrid search "
-                        "(env FERN_PG_HYBRID=1)")
+                   help="also keep a tsvector column with a GIN index: full text as hybrid "
+                        "search's lexical side (search(lexical='fulltext'); env FERN_PG_HYBRID=1)")
+    p.add_argument("--no-sparse", action="store_true", default=_env_bool("FERN_PG_NO_SPARSE"),
+                   help="keep no sparse vectors (BM25 or learned) beside the dense ones; hybrid "
+                        "search then needs --hybrid (env FERN_PG_NO_SPARSE=1)")
     p.add_argument("--language", default=_env("FERN_PG_LANGUAGE", "english"),
                    help="text search configuration for --hybrid (env FERN_PG_LANGUAGE; "
                         "default %(default)s)")
@@ -412,7 +415,8 @@ def _vectorize(args: argparse.Namespace) -> int:
                               target_column=args.target_column, model=args.model,
                               prompt=args.prompt, chunking=args.chunking,
                               chunk_tokens=args.chunk_tokens, chunk_overlap=args.chunk_overlap,
-                              hybrid=args.hybrid, language=args.language)
+                              hybrid=args.hybrid, language=args.language,
+                              sparse=False if args.no_sparse else None)
     print(f"vectorizer {v.id} on {v.qualified_table}.{v.target_column} "
           f"({v.model}, {v.dimensions} dims): {v.backfilled} row(s) queued")
     return 0

@@ -119,7 +119,7 @@ def ensure_tsvector(conn: psycopg.Connection, v_table: sql.Identifier, schema: s
 
 
 def drop_target(conn: psycopg.Connection, v: Vectorizer) -> None:
-    """Drop what `v` added: its vector column or chunk table, and the tsvector column or GIN index."""
+    """Drop what `v` added: its vector (and sparse) column or chunk table, and the tsvector column or GIN index."""
     if v.tsv_column is not None:
         if v.tsv_created:
             conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN IF EXISTS {}").format(
@@ -132,3 +132,6 @@ def drop_target(conn: psycopg.Connection, v: Vectorizer) -> None:
     else:
         conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN IF EXISTS {}").format(
             v.table, sql.Identifier(v.target_column)))
+        if v.sparse_column is not None:
+            conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN IF EXISTS {}").format(
+                v.table, sql.Identifier(v.sparse_column)))

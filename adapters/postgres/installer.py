@@ -55,7 +55,7 @@ def worker_grants(conn: psycopg.Connection, role: str) -> list[sql.Composed]:
 
     Nothing more: the fern tables' rows it reads, claims, deletes and parks; of each
     vectorized table, SELECT on its key and source columns and UPDATE on its vector column
-    only (split mode: SELECT, INSERT, DELETE on the chunk table, and UPDATE on the key
+    (and sparse column) only (split mode: SELECT, INSERT, DELETE on the chunk table, and UPDATE on the key
     columns, which PostgreSQL requires for the row lock the worker takes and which the
     worker never writes). Run it again after creating a vectorizer.
     """
@@ -85,8 +85,9 @@ def worker_grants(conn: psycopg.Connection, role: str) -> list[sql.Composed]:
                 sql.SQL(", ").join(map(sql.Identifier, v.key_columns)), v.table, who))
             out.append(sql.SQL("GRANT SELECT, INSERT, DELETE ON {} TO {}").format(v.chunks, who))
         else:
+            written = [v.target_column] + ([v.sparse_column] if v.sparse_column else [])
             out.append(sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(
-                sql.Identifier(v.target_column), v.table, who))
+                sql.SQL(", ").join(map(sql.Identifier, written)), v.table, who))
     return out
 
 

@@ -1,7 +1,8 @@
 """The trigger functions that enqueue a vectorizer's changed rows (and NOTIFY the workers), and the backfill.
 
 INSERT enqueues; UPDATE only when a source or key column really changed; DELETE/TRUNCATE
-where chunk rows must go. The functions are SECURITY DEFINER, executable by no one but their
+where chunk rows must go. A vectorizer with a sparse column also gets the triggers that keep
+its document frequencies exact (sparse.py). The functions are SECURITY DEFINER, executable by no one but their
 owner, and refuse to run on any table but their vectorizer's.
 """
 
@@ -11,6 +12,7 @@ import psycopg
 from psycopg import sql
 
 from adapters.postgres.catalog import Vectorizer, list_vectorizers
+from adapters.postgres.sparse import DF_KINDS, DF_LOCK, apply_delta, row_key, sparse_table_name
 
 NOTIFY_CHANNEL = "fern_queue"
 
@@ -34,8 +36,20 @@ _GUARD = sql.SQL("""IF NOT EXISTS (SELECT 1 FROM fern.vectorizers
 END IF;""")
 
 
+# The guard of the triggers on the table holding a vectorizer's sparse column (the chunk
+# table in split mode; sparse.py).
+_SPARSE_GUARD = sql.SQL("""IF NOT EXISTS (SELECT 1 FROM fern.vectorizers
+                    WHERE id = {id} AND table_schema = TG_TABLE_SCHEMA
+                      AND CASE WHEN chunking = 'split' THEN chunk_table ELSE table_name END
+                          = TG_TABLE_NAME) THEN
+    RAISE EXCEPTION 'fern: % fired on %.%, which does not hold the sparse vectors of vectorizer {id}',
+        TG_NAME, quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME)
+        USING ERRCODE = 'insufficient_privilege';
+END IF;""")
+
+
 def _create_function(conn: psycopg.Connection, v_id: int, kind: str,
-                     body: sql.Composable) -> sql.Identifier:
+                     body: sql.Composable, sparse_table: str | None = None) -> sql.Identifier:
     """A SECURITY DEFINER trigger function, so any role that may write the table may enqueue.
 
     PostgreSQL checks EXECUTE when a trigger is created, not when it fires: revoking it from
@@ -43,8 +57,9 @@ def _create_function(conn: psycopg.Connection, v_id: int, kind: str,
     the vectorizer's table still fires it.
     """
     name = _function_name(v_id, kind)
+    guard = _GUARD if sparse_table is None else _SPARSE_GUARD
     source = sql.SQL("BEGIN\n{}\n{}\nRETURN NULL;\nEND").format(
-        _GUARD.format(id=sql.Literal(v_id)), body).as_string(conn)
+        guard.format(id=sql.Literal(v_id)), body).as_string(conn)
     conn.execute(sql.SQL("""CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql
                             SECURITY DEFINER SET search_path = pg_catalog, pg_temp
                             AS {}""").format(name, sql.Literal(source)))
@@ -107,10 +122,71 @@ def install_triggers(conn: psycopg.Connection, v: Vectorizer) -> None:
     conn.execute(sql.SQL("CREATE TRIGGER {} AFTER TRUNCATE ON {} FOR EACH STATEMENT "
                          "EXECUTE FUNCTION {}()").format(_trigger_name(v.id, "truncate"),
                                                          v.table, fn))
+    install_df_triggers(conn, v)
+
+
+def install_df_triggers(conn: psycopg.Connection, v: Vectorizer) -> None:
+    """Attach the triggers that keep v's document frequencies exact to the sparse column's table."""
+    if v.sparse_column is None or v.sparse_learned:
+        return  # learned weights are queried as they are: no IDF, nothing to count
+    col = sql.Identifier(v.sparse_column)
+    table = v.sparse_table
+    # These fire on the sparse column's table (the chunk table in split mode): the guard
+    # checks that one.
+    guard_table = sparse_table_name(v)
+
+    def rows(alias: str, sign: int) -> sql.Composed:
+        return sql.SQL("SELECT {s} AS sign, {a}.{c}::text AS sv FROM {t} {a} WHERE {a}.{c} IS NOT NULL").format(
+            s=sql.Literal(sign), a=sql.Identifier(alias), c=col,
+            t=sql.Identifier("fern_new" if sign > 0 else "fern_old"))
+
+    fn = _create_function(conn, v.id, "df_insert", apply_delta(v.id, rows("n", 1)), guard_table)
+    conn.execute(sql.SQL("""CREATE TRIGGER {} AFTER INSERT ON {} REFERENCING NEW TABLE AS fern_new
+                            FOR EACH STATEMENT EXECUTE FUNCTION {}()""").format(
+        _trigger_name(v.id, "df_insert"), table, fn))
+    fn = _create_function(conn, v.id, "df_delete", apply_delta(v.id, rows("o", -1)), guard_table)
+    conn.execute(sql.SQL("""CREATE TRIGGER {} AFTER DELETE ON {} REFERENCING OLD TABLE AS fern_old
+                            FOR EACH STATEMENT EXECUTE FUNCTION {}()""").format(
+        _trigger_name(v.id, "df_delete"), table, fn))
+    # UPDATE: one statement trigger over both transition tables. The old and new rows are
+    # paired by key; a pair whose sparse vector did not change adds nothing, so an UPDATE of
+    # other columns writes no counts. (A key change pairs rows differently, and the sum of
+    # new minus old vectors stays the same.)
+    on = sql.SQL(" AND ").join(sql.SQL("o.{k} = n.{k}").format(k=sql.Identifier(k))
+                               for k in row_key(v))
+    pairs = sql.SQL("""SELECT o.{c} AS o_sv, n.{c} AS n_sv FROM fern_old o FULL JOIN fern_new n ON {on}
+                        WHERE o.{c}::text IS DISTINCT FROM n.{c}::text""").format(c=col, on=on)
+    changed = sql.SQL("""SELECT 1 AS sign, p.n_sv::text AS sv FROM ({pairs}) p WHERE p.n_sv IS NOT NULL
+                         UNION ALL
+                         SELECT -1, p.o_sv::text FROM ({pairs}) p WHERE p.o_sv IS NOT NULL""").format(pairs=pairs)
+    fn = _create_function(conn, v.id, "df_update", apply_delta(v.id, changed), guard_table)
+    conn.execute(sql.SQL("""CREATE TRIGGER {} AFTER UPDATE ON {}
+                            REFERENCING OLD TABLE AS fern_old NEW TABLE AS fern_new
+                            FOR EACH STATEMENT EXECUTE FUNCTION {}()""").format(
+        _trigger_name(v.id, "df_update"), table, fn))
+    reset = sql.SQL("""PERFORM pg_advisory_xact_lock({lock}, {vid});
+DELETE FROM fern.sparse_df WHERE vectorizer_id = {vid};
+DELETE FROM fern.sparse_docs WHERE vectorizer_id = {vid};""").format(
+        lock=sql.Literal(DF_LOCK), vid=sql.Literal(v.id))
+    fn = _create_function(conn, v.id, "df_truncate", reset, guard_table)
+    conn.execute(sql.SQL("CREATE TRIGGER {} AFTER TRUNCATE ON {} FOR EACH STATEMENT "
+                         "EXECUTE FUNCTION {}()").format(_trigger_name(v.id, "df_truncate"), table, fn))
+
+
+def drop_df_triggers(conn: psycopg.Connection, v: Vectorizer) -> None:
+    """Drop v's df triggers and their functions (those that exist; the table may be gone)."""
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                          (v.sparse_table.as_string(conn),)).fetchone()[0]
+    for kind in DF_KINDS:
+        if exists:
+            conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
+                _trigger_name(v.id, kind), v.sparse_table))
+        conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(_function_name(v.id, kind)))
 
 
 def drop_triggers(conn: psycopg.Connection, v: Vectorizer) -> None:
     """Drop every trigger and trigger function of `v` (those that exist)."""
+    drop_df_triggers(conn, v)
     for kind in ("insert", "update", "delete", "truncate"):
         conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
             _trigger_name(v.id, kind), v.table))
@@ -134,8 +210,11 @@ def refresh_triggers(conn: psycopg.Connection) -> int:
                   AND NOT EXISTS (
                       SELECT 1 FROM fern.vectorizers v
                        WHERE p.proname ~ ('^vectorizer_' || v.id || '_')
-                         AND t.tgrelid = to_regclass(format('%I.%I', v.table_schema,
-                                                            v.table_name)))""").fetchall()
+                         AND t.tgrelid IN (
+                             to_regclass(format('%I.%I', v.table_schema, v.table_name)),
+                             to_regclass(CASE WHEN v.chunk_table IS NOT NULL THEN
+                                 format('%I.%I', v.table_schema, v.chunk_table) END)))"""
+        ).fetchall()
         for trigger, table in foreign:
             conn.execute(sql.SQL("DROP TRIGGER {} ON {}").format(sql.Identifier(trigger),
                                                                  sql.SQL(table)))

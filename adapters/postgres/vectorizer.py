@@ -31,6 +31,7 @@ from adapters.postgres.errors import VectorizerError
 from adapters.postgres.installer import install, is_installed
 from adapters.postgres.model_change import alter_vectorizer, swap_if_ready
 from adapters.postgres.names import index_name, resolve_table, split_table_name
+from adapters.postgres.sparse import ensure_sparse_column, seed_df
 from adapters.postgres.template import parse_template, template_from_columns
 from adapters.postgres.triggers import (NOTIFY_CHANNEL, backfill, drop_triggers, install_triggers,
                                         refresh_triggers)
@@ -50,7 +51,7 @@ def create_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str],
                       chunk_tokens: int | None = None, chunk_overlap: int = 32,
                       chunk_table: str | None = None, hybrid: bool = False,
                       language: str = "english", tsv_column: str | None = None,
-                      do_backfill: bool = True) -> Vectorizer:
+                      sparse: bool | None = None, do_backfill: bool = True) -> Vectorizer:
     """Attach a vectorizer to `table` and enqueue every existing row.
 
     `source` is a template ("{title}\\n\\n{body}") when a string, else a list of column
@@ -67,6 +68,11 @@ def create_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str],
     tsvector column, which rewrites the table under an exclusive lock: on a large busy
     table, add that column (and its GIN index, CONCURRENTLY) beforehand and pass its name
     as `tsv_column`.
+    `sparse` adds a `sparsevec(1000000000)` column `<target>_sparse` (in split mode, to the
+    chunk table) that the worker fills from the same Embed call as the dense vector: BM25
+    lexical terms, or the model's learned sparse weights (BGE-M3); hybrid search fuses it
+    with the dense list. The default (None) is on whenever the served model gives sparse
+    vectors, which every embedding model Fern serves does (see sparse.py for the cost).
     """
     if chunking not in ("truncate", "split"):
         raise VectorizerError(f"chunking must be 'truncate' or 'split', got {chunking!r}")
@@ -74,7 +80,16 @@ def create_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str],
         template = parse_template(source)
     else:
         template = template_from_columns(list(source))
+    if sparse is not None and not isinstance(sparse, bool):
+        raise VectorizerError(f"sparse must be True, False or None (on when the model gives "
+                              f"sparse vectors), got {sparse!r}")
     info = model_info(client, model)
+    if sparse is None:
+        sparse = "sparse" in info.outputs
+    elif sparse and "sparse" not in info.outputs:
+        raise VectorizerError(f"sparse=True, but model {info.name!r} gives no sparse vectors "
+                              f"(it returns {', '.join(info.outputs)})")
+    sparse_column = index_name(target_column, "sparse") if sparse else None
     if chunking == "split":
         chunk_tokens = chunk_tokens or info.max_tokens
         if not 8 <= chunk_tokens <= info.max_tokens:
@@ -101,6 +116,10 @@ def create_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str],
                                   f"refers to rows by it")
         if target_column in template.columns or any(target_column == k for k, _ in keys):
             raise VectorizerError(f"target column {target_column!r} is also a source or key column")
+        if sparse_column is not None and (sparse_column in template.columns
+                                          or any(sparse_column == k for k, _ in keys)):
+            raise VectorizerError(f"sparse column {sparse_column!r} (the target column "
+                                  f"{target_column!r} + '_sparse') is also a source or key column")
         exists = conn.execute("""SELECT 1 FROM fern.vectorizers WHERE table_schema = %s
                                  AND table_name = %s AND target_column = %s""",
                               (schema, name, target_column)).fetchone()
@@ -111,10 +130,16 @@ def create_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str],
             chunk_table = chunk_table or index_name(name, target_column, "chunks")
             create_chunk_table(conn, schema, chunk_table, keys, target_column,
                                info.dimensions, distance)
+            if sparse_column is not None:
+                ensure_sparse_column(conn, sql.Identifier(schema, chunk_table), schema,
+                                     chunk_table, sparse_column,
+                                     table_columns(conn, schema, chunk_table))
         else:
             chunk_table = None
             ensure_vector_column(conn, t_ident, schema, name, target_column, info.dimensions,
                                  distance)
+            if sparse_column is not None:
+                ensure_sparse_column(conn, t_ident, schema, name, sparse_column, columns)
         if hybrid:
             tsv_column = tsv_column or f"{target_column}_tsv"
             tsv_created = ensure_tsvector(conn, t_ident, schema, name, tsv_column, template,
@@ -130,8 +155,12 @@ def create_vectorizer(conn: psycopg.Connection, table: str | tuple[str, str],
             chunk_tokens=chunk_tokens if chunking == "split" else None,
             chunk_overlap=chunk_overlap if chunking == "split" else None, hybrid=hybrid,
             tsv_column=tsv_column, language=language if hybrid else None, generation=0,
-            replaces=None, tsv_created=tsv_created))
+            replaces=None, tsv_created=tsv_created, sparse_column=sparse_column,
+            sparse_learned=bool(sparse and info.learned_sparse)))
         install_triggers(conn, v)
+        if sparse_column is not None:
+            # A sparse column that was already there may hold vectors: count them.
+            seed_df(conn, v)
         queued = backfill(conn, v) if do_backfill else 0
     return replace(v, backfilled=queued)
 

@@ -6,7 +6,9 @@ pid, so the claims of a killed worker are free again the moment its connection i
 streams the texts to the sidecar through EmbedStream (a backfill keeps the GPU full while
 the next batches are claimed), and, per batch, in one transaction: deletes the queue rows
 and writes every vector with one statement (one UPDATE; in split mode, after locking the
-parents, one DELETE of their old chunks and one INSERT of the new ones). Only a vector whose
+parents, one DELETE of their old chunks and one INSERT of the new ones). A vectorizer with
+a sparse column asks the same Embed call for sparse vectors and writes them in the same
+statement; that column's triggers keep its document frequencies exact (sparse.py). Only a vector whose
 text hash still matches the row's current text is written (an UPDATE that landed meanwhile
 queued the row again), and only while the vectorizer's generation is the one the batch was
 embedded for (a model change swapped in between).
@@ -41,6 +43,7 @@ from psycopg import sql
 
 from adapters.postgres.chunking import split_in_half, split_text
 from adapters.postgres.installer import is_installed
+from adapters.postgres.sparse import to_pgvector
 from adapters.postgres.vectorizer import (NOTIFY_CHANNEL, Vectorizer, list_vectorizers,
                                           swap_if_ready)
 from adapters.progress import Progress
@@ -320,7 +323,7 @@ class Worker:
             count = 0
             while empty:
                 b = empty.popleft()
-                count += self._write(b, None)
+                count += self._write(b, None, None)
             return count
 
         gen = requests()
@@ -338,7 +341,9 @@ class Worker:
                 yield first
                 yield from gen
 
-            options = {"model": v.model, "prompt": v.prompt, "truncate": True, "lane": "batch"}
+            # A vectorizer with a sparse column gets both vectors from the one call.
+            options = {"model": v.model, "prompt": v.prompt, "truncate": True, "lane": "batch",
+                       "sparse": v.sparse_column is not None}
             for result in self.client.embed_stream(chained(), **options):
                 handled += flush_empty()
                 batch = inflight.pop(result.request_id)
@@ -346,7 +351,7 @@ class Worker:
                     handled += self._on_request_error(batch, result.error)
                     continue
                 assert result.embeddings is not None
-                handled += self._write(batch, self._finish_chunks(batch, result.embeddings))
+                handled += self._write(batch, *self._finish_chunks(batch, result.embeddings))
             handled += flush_empty()
             if claim_error:
                 raise claim_error[0]
@@ -420,20 +425,27 @@ class Worker:
 
     # ----- results -----
 
-    def _finish_chunks(self, batch: _Batch, emb: Embeddings) -> np.ndarray:
-        """Vectors for batch.texts; in split mode, chunks the sidecar had to cut are re-split."""
+    def _finish_chunks(self, batch: _Batch, emb: Embeddings) -> tuple[np.ndarray, list | None]:
+        """Vectors (and sparse vectors, as pgvector's, when the vectorizer keeps them) for
+        batch.texts; in split mode, chunks the sidecar had to cut are re-split."""
         vectors = np.asarray(emb.vectors, dtype=np.float32)
         v = batch.vectorizer
+        sparse = None
+        if v.sparse_column is not None:
+            if emb.sparse is None:
+                raise FernError(grpc.StatusCode.INTERNAL, "the sidecar returned no sparse vectors")
+            sparse = [to_pgvector(sv) for sv in emb.sparse]
         if v.chunking != "split":
-            return vectors
+            return vectors, sparse
         limit = v.max_tokens
         counts = list(emb.token_counts)
         texts, owner, rows = list(batch.texts), list(batch.owner), list(vectors)
+        sparse_rows: list = list(sparse) if sparse is not None else [None] * len(texts)
         for _ in range(8):
             over = [i for i, c in enumerate(counts) if c >= limit]
             if not over:
                 break
-            new_texts, new_owner, new_rows, new_counts = [], [], [], []
+            new_texts, new_owner, new_rows, new_counts, new_sparse = [], [], [], [], []
             redo: list[int] = []
             for i, t in enumerate(texts):
                 if i in over:
@@ -443,22 +455,29 @@ class Worker:
                         new_owner.append(owner[i])
                         new_rows.append(None)
                         new_counts.append(0)
+                        new_sparse.append(None)
                 else:
                     new_texts.append(t)
                     new_owner.append(owner[i])
                     new_rows.append(rows[i])
                     new_counts.append(counts[i])
+                    new_sparse.append(sparse_rows[i])
             again = self.client.embed([new_texts[i] for i in redo], model=v.model,
-                                      prompt=v.prompt, lane="batch", truncate=True)
+                                      prompt=v.prompt, lane="batch", truncate=True,
+                                      sparse=sparse is not None)
             for j, i in enumerate(redo):
                 new_rows[i] = again.vectors[j]
                 new_counts[i] = int(again.token_counts[j])
-            texts, owner, rows, counts = new_texts, new_owner, new_rows, new_counts
+                if again.sparse is not None:
+                    new_sparse[i] = to_pgvector(again.sparse[j])
+            texts, owner, rows, counts, sparse_rows = (new_texts, new_owner, new_rows, new_counts,
+                                                       new_sparse)
         batch.texts, batch.owner = texts, owner
-        return np.stack(rows).astype(np.float32)
+        return np.stack(rows).astype(np.float32), (sparse_rows if sparse is not None else None)
 
-    def _write(self, batch: _Batch, vectors: np.ndarray | None) -> int:
-        """Delete the batch's queue rows and write its vectors, in one transaction."""
+    def _write(self, batch: _Batch, vectors: np.ndarray | None, sparse: list | None = None) -> int:
+        """Delete the batch's queue rows and write its vectors (and sparse vectors), in one
+        transaction; the sparse column's triggers update its document frequencies in it too."""
         v = batch.vectorizer
         conn = self._write_conn
         assert conn is not None
@@ -475,9 +494,9 @@ class Worker:
             conn.execute("DELETE FROM fern.queue WHERE id = ANY(%s)", (batch.queue_ids,))
             present = [it for it in batch.items if it.present]
             if v.chunking == "split":
-                written = self._write_chunks(conn, batch, present, vectors)
+                written = self._write_chunks(conn, batch, present, vectors, sparse)
             else:
-                written = self._write_rows(conn, batch, present, vectors)
+                written = self._write_rows(conn, batch, present, vectors, sparse)
         self.stats.rows_written += written
         self.stats.rows_stale += len(present) - written
         self.stats.batches += 1
@@ -486,7 +505,7 @@ class Worker:
         return len(batch.items)
 
     def _write_rows(self, conn: psycopg.Connection, batch: _Batch, present: list[_Item],
-                    vectors: np.ndarray | None) -> int:
+                    vectors: np.ndarray | None, sparse: list | None) -> int:
         v = batch.vectorizer
         if not present:
             return 0
@@ -496,6 +515,19 @@ class Worker:
         keys = [json.dumps(it.key) for it in present]
         hashes = [it.text_hash for it in present]
         vecs = [by_item.get(n) for n, it in enumerate(batch.items) if it.present]
+        if v.sparse_column is not None:
+            sparse_by_item = {} if sparse is None else dict(zip(batch.owner, sparse))
+            svecs = [sparse_by_item.get(n) for n, it in enumerate(batch.items) if it.present]
+            cur = _raw(conn, sql.SQL(
+                """UPDATE {table} t SET {col} = u.v, {scol} = u.s
+                     FROM unnest($1::jsonb[], $2::text[], $3::vector[], $4::sparsevec[])
+                          AS u(k, h, v, s)
+                    WHERE {match} AND md5({text}) = u.h""").format(
+                table=v.table, col=sql.Identifier(v.target_column),
+                scol=sql.Identifier(v.sparse_column),
+                match=v.key_match_sql("t", sql.SQL("u.k")), text=v.text_sql("t")),
+                [keys, hashes, vecs, svecs])
+            return cur.rowcount
         cur = _raw(conn, sql.SQL(
             """UPDATE {table} t SET {col} = u.v
                  FROM unnest($1::jsonb[], $2::text[], $3::vector[]) AS u(k, h, v)
@@ -506,7 +538,7 @@ class Worker:
         return cur.rowcount
 
     def _write_chunks(self, conn: psycopg.Connection, batch: _Batch, present: list[_Item],
-                      vectors: np.ndarray | None) -> int:
+                      vectors: np.ndarray | None, sparse: list | None) -> int:
         v = batch.vectorizer
         if not present:
             return 0
@@ -532,7 +564,7 @@ class Worker:
             chunks=v.chunks, match=v.key_match_sql("c", sql.SQL("u.k"))),
             [list(fresh_keys.values())])
         if vectors is not None and len(batch.texts):
-            c_keys, c_idx, c_text, c_vec = [], [], [], []
+            c_keys, c_idx, c_text, c_vec, c_sparse = [], [], [], [], []
             next_index: dict[int, int] = {}
             for i, n in enumerate(batch.owner):
                 if n not in fresh_keys:
@@ -542,17 +574,29 @@ class Worker:
                 next_index[n] = next_index.get(n, 0) + 1
                 c_text.append(batch.texts[i])
                 c_vec.append(vectors[i])
+                if sparse is not None:
+                    c_sparse.append(sparse[i])
             key_cols = sql.SQL(", ").join(map(sql.Identifier, v.key_columns))
             key_vals = sql.SQL(", ").join(
                 sql.SQL("(u.k ->> {})::{}").format(sql.Literal(n), sql.SQL(t))
                 for n, t in enumerate(v.key_types))
-            _raw(conn, sql.SQL(
-                """INSERT INTO {chunks} ({keys}, chunk_index, chunk_text, {col})
-                   SELECT {vals}, u.i, u.txt, u.v
-                     FROM unnest($1::jsonb[], $2::int[], $3::text[], $4::vector[])
-                          AS u(k, i, txt, v)""").format(
-                chunks=v.chunks, keys=key_cols, col=sql.Identifier(v.target_column),
-                vals=key_vals), [c_keys, c_idx, c_text, c_vec])
+            if v.sparse_column is not None and sparse is not None:
+                _raw(conn, sql.SQL(
+                    """INSERT INTO {chunks} ({keys}, chunk_index, chunk_text, {col}, {scol})
+                       SELECT {vals}, u.i, u.txt, u.v, u.s
+                         FROM unnest($1::jsonb[], $2::int[], $3::text[], $4::vector[],
+                                     $5::sparsevec[]) AS u(k, i, txt, v, s)""").format(
+                    chunks=v.chunks, keys=key_cols, col=sql.Identifier(v.target_column),
+                    scol=sql.Identifier(v.sparse_column), vals=key_vals),
+                    [c_keys, c_idx, c_text, c_vec, c_sparse])
+            else:
+                _raw(conn, sql.SQL(
+                    """INSERT INTO {chunks} ({keys}, chunk_index, chunk_text, {col})
+                       SELECT {vals}, u.i, u.txt, u.v
+                         FROM unnest($1::jsonb[], $2::int[], $3::text[], $4::vector[])
+                              AS u(k, i, txt, v)""").format(
+                    chunks=v.chunks, keys=key_cols, col=sql.Identifier(v.target_column),
+                    vals=key_vals), [c_keys, c_idx, c_text, c_vec])
         return len(fresh)
 
     def _remaining(self) -> int | None:

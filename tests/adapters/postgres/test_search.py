@@ -47,9 +47,9 @@ def test_hybrid_finds_the_lexical_and_the_semantic_match(corpus, fern):
     assert by_name["lexical"].text_rank == 1
     assert by_name["semantic"].text_rank is None  # full text alone cannot find it
     assert by_name["semantic"].vector_rank == 1
-    # RRF: each hit's score is the sum of 1/(60 + rank) over the lists it is in.
+    # RRF: each hit's score is the sum of 1/(1 + rank) over the lists it is in.
     for h in hybrid:
-        expect = sum(1 / (60 + r) for r in (h.vector_rank, h.text_rank) if r is not None)
+        expect = sum(1 / (1 + r) for r in (h.vector_rank, h.text_rank) if r is not None)
         assert h.score == pytest.approx(expect)
     # Rows come back without the vector and tsvector columns.
     assert set(hybrid[0].row) == {"name", "body", "lang"}
@@ -74,8 +74,8 @@ def test_plain_vector_search_orders_by_distance(corpus, fern):
 
 def test_hybrid_needs_a_hybrid_vectorizer(conn, fern):
     conn.execute("CREATE TABLE plain (id int PRIMARY KEY, body text)")
-    create_vectorizer(conn, "plain", ["body"], client=fern)
-    with pytest.raises(VectorizerError, match="hybrid=True"):
+    create_vectorizer(conn, "plain", ["body"], client=fern, sparse=False)
+    with pytest.raises(VectorizerError, match="sparse=True .* or hybrid=True"):
         search(conn, "plain", "x", 3, hybrid=True, client=fern)
     assert search(conn, "plain", "x", 3, client=fern) == []  # no vectors yet: no rows
 

@@ -64,7 +64,7 @@ def test_queue_state_never_touches_user_table(conn, docs):
     cols = [r[0] for r in conn.execute(
         "SELECT attname FROM pg_attribute WHERE attrelid = 'docs'::regclass AND attnum > 0 "
         "AND NOT attisdropped ORDER BY attnum")]
-    assert cols == ["id", "title", "body", "views", "embedding"]
+    assert cols == ["id", "title", "body", "views", "embedding", "embedding_sparse"]
 
 
 def test_split_mode_delete_and_truncate_remove_chunks(conn, fern):
