@@ -609,20 +609,7 @@ class FernClient(_ClientCore):
             time.sleep(0.05)
 
     def _call(self, request: pb.EmbedRequest, timeout: float | None) -> Embeddings:
-        slots = self._in_flight_slots()
-        timeout = timeout or self.timeout
-        if slots is not None:
-            started = time.monotonic()
-            if not slots.acquire(timeout=-1 if timeout is None else timeout):
-                raise self._no_slot()
-            timeout = _remaining(timeout, started)
-        try:
-            with _RPC_ERRORS:
-                resp = self._embed_call(request, timeout)
-        finally:
-            if slots is not None:
-                slots.release()
-        return decode_response(resp)
+        return decode_response(self._unary(self._embed_call, request, timeout))
 
     def rerank(self, query: str, documents: Sequence[str], *, timeout: float | None = None,
                **options) -> Reranking:
@@ -723,25 +710,7 @@ class AsyncFernClient(_ClientCore):
             return False
 
     async def _call(self, request: pb.EmbedRequest, timeout: float | None) -> Embeddings:
-        timeout = timeout or self.timeout
-        if self.max_in_flight is None:
-            return await self._send(request, timeout)
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.max_in_flight)
-        started = time.monotonic()
-        try:
-            await asyncio.wait_for(self._slots.acquire(), timeout)
-        except TimeoutError:
-            raise self._no_slot() from None
-        try:
-            return await self._send(request, _remaining(timeout, started))
-        finally:
-            self._slots.release()
-
-    async def _send(self, request: pb.EmbedRequest, timeout: float | None) -> Embeddings:
-        with _RPC_ERRORS:
-            resp = await self._embed_call(request, timeout)
-        return decode_response(resp)
+        return decode_response(await self._unary(self._embed_call, request, timeout))
 
     async def rerank(self, query: str, documents: Sequence[str], *, timeout: float | None = None,
                      **options) -> Reranking:
