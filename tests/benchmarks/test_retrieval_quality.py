@@ -34,7 +34,8 @@ def test_a_slice_runs_through_qdrant_and_postgres(sidecar_target):
     assert len(data.passages) == 40 and all(q[2] <= {p for p, _ in data.passages} for q in data.queries)
     qdrant, postgres = qdrant_runs(sidecar_target, data, None), postgres_runs(sidecar_target, data, None)
     assert set(qdrant) == {"dense", "bm25", "hybrid"}
-    assert set(postgres) == {"dense", "bm25", "fulltext", "hybrid", "hybrid_bm25"}
+    assert set(postgres) == {"dense", "bm25", "fulltext", "hybrid", "hybrid_fulltext", "hybrid rrf_k=60",
+                             "hybrid_bm25"}
     for runs in (qdrant, postgres):
         for rankings in runs.values():
             assert len(rankings) == len(data.queries)

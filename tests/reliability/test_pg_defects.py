@@ -115,7 +115,7 @@ def test_drop_vectorizer_with_its_column_also_drops_the_hybrid_tsvector_and_inde
             "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = %s::regclass "
             "AND NOT indisprimary ORDER BY 1", (table,))]
 
-    assert columns("docs") == ["id", "body", "embedding", "embedding_tsv"]
+    assert columns("docs") == ["id", "body", "embedding", "embedding_sparse", "embedding_tsv"]
     drop_vectorizer(conn, "docs", drop_column=True)
     assert columns("docs") == ["id", "body"]
     assert indexes("docs") == []
