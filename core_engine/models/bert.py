@@ -58,12 +58,12 @@ class BertLayer(nn.Module):
         return self.mlp_norm(x + self.mlp(x))
 
 
-class BertEncoder(nn.Module):
-    """Embeddings, N post-norm layers and pooling: (input_ids[T], positions[T], meta) -> [B, H] fp32."""
+class _BertStack(nn.Module):
+    """What the encoder and the cross-encoder share: the word and position embeddings, their
+    norm and the N post-norm layers (the last of which may keep only some rows)."""
 
-    def __init__(self, spec: ModelSpec, attention: AttentionBackend, kernels: KernelOptions | None = None) -> None:
+    def __init__(self, spec: ModelSpec, attention: AttentionBackend, kernels: KernelOptions) -> None:
         super().__init__()
-        kernels = kernels or KernelOptions()
         cfg = spec.config
         hidden = cfg["hidden_size"]
         if cfg.get("position_embedding_type", "absolute") != "absolute":
@@ -71,11 +71,28 @@ class BertEncoder(nn.Module):
                 f"{spec.path}: position_embedding_type {cfg['position_embedding_type']!r} is not supported "
                 "(only 'absolute')"
             )
-        self.word_embeddings = Embedding(cfg["vocab_size"], hidden)
+        self.vocab_size = int(cfg["vocab_size"])
+        self.word_embeddings = Embedding(self.vocab_size, hidden)
         # Position rows from position_offset on, with the token-type-0 vector already added.
         self.position_embeddings = Embedding(cfg["max_position_embeddings"] - spec.position_offset, hidden)
         self.embed_norm = LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))
         self.layers = nn.ModuleList(BertLayer(cfg, attention, kernels) for _ in range(cfg["num_hidden_layers"]))
+
+    def _layers(self, x: torch.Tensor, meta: AttentionMetadata, rows: torch.Tensor | None) -> torch.Tensor:
+        """Every layer over x; the last keeps only `rows` (None: every row)."""
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x, meta, rows if i == last else None)
+        return x
+
+
+class BertEncoder(_BertStack):
+    """Embeddings, N post-norm layers and pooling: (input_ids[T], positions[T], meta) -> [B, H] fp32."""
+
+    def __init__(self, spec: ModelSpec, attention: AttentionBackend, kernels: KernelOptions | None = None) -> None:
+        kernels = kernels or KernelOptions()
+        super().__init__(spec, attention, kernels)
+        hidden = spec.config["hidden_size"]
         # CLS and last-token pooling read one row per text: the last layer keeps only those rows
         # after attention.
         self.pooler = Pooler(spec.pooling, len(self.layers), kernels.pool_early)
@@ -93,35 +110,21 @@ class BertEncoder(nn.Module):
             raise ValueError("token_outputs: this model has no sparse_linear.pt or colbert_linear.pt head")
         x = self.embed_norm(self.word_embeddings(input_ids) + self.position_embeddings(positions))
         # The heads read every token, so with them the last layer keeps every row.
-        rows = None if token_outputs else self.pooler.rows(meta, x.shape[0])
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            x = layer(x, meta, rows if i == last else None)
+        x = self._layers(x, meta, None if token_outputs else self.pooler.rows(meta, x.shape[0]))
         if not token_outputs:
             return self.pooler(x, meta)
         return self.pooler.pool(x, meta), self.heads(x)
 
 
-class BertScorer(nn.Module):
+class BertScorer(_BertStack):
     """Cross-encoder: (input_ids[T] with type-1 tokens at ``id + vocab_size``, positions[T], meta) -> [B, 1] fp32 scores."""
 
     def __init__(self, spec: ModelSpec, attention: AttentionBackend, kernels: KernelOptions | None = None) -> None:
-        super().__init__()
         kernels = kernels or KernelOptions()
-        cfg = spec.config
-        hidden = cfg["hidden_size"]
-        if cfg.get("position_embedding_type", "absolute") != "absolute":
-            raise ValueError(
-                f"{spec.path}: position_embedding_type {cfg['position_embedding_type']!r} is not supported "
-                "(only 'absolute')"
-            )
-        self.vocab_size = int(cfg["vocab_size"])
-        self.word_embeddings = Embedding(self.vocab_size, hidden)
-        self.position_embeddings = Embedding(cfg["max_position_embeddings"] - spec.position_offset, hidden)
+        super().__init__(spec, attention, kernels)
+        hidden = spec.config["hidden_size"]
         # Type-1 embedding minus type-0 (which the position table already holds); absent with one type.
         self.type_delta = nn.Parameter(torch.empty(hidden)) if spec.token_types > 1 else None
-        self.embed_norm = LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))
-        self.layers = nn.ModuleList(BertLayer(cfg, attention, kernels) for _ in range(cfg["num_hidden_layers"]))
         # The head reads the first token of each sequence: the last layer keeps only those rows.
         self.pooler = Pooler("cls", len(self.layers), kernels.pool_early)
         self.head_dense = nn.Linear(hidden, hidden)
@@ -136,10 +139,7 @@ class BertScorer(nn.Module):
         if self.type_delta is not None:
             x = x + second.unsqueeze(1).to(x.dtype) * self.type_delta
         x = self.embed_norm(x)
-        rows = self.pooler.rows(meta, x.shape[0])
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            x = layer(x, meta, rows if i == last else None)
+        x = self._layers(x, meta, self.pooler.rows(meta, x.shape[0]))
         first = self.pooler(x, meta)  # [B, H] float32
         head = torch.tanh(self.head_dense(first.to(self.head_dense.weight.dtype)))
         return self.head_out(head).float()
