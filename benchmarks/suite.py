@@ -58,6 +58,7 @@ class BenchOptions:
     latency_lengths: tuple[int, ...] = ()
     compare_models: tuple[str, ...] = ()  # empty: the plan's
     capture_prewarm: str = ""  # non-empty: the capture part also loads a server started with --prewarm this
+    capture_compile_wait: bool = False  # the capture part also loads a server started with --compile-wait
     texts: str = "zipf"  # benchmarks/texts.py's vocabulary: "zipf", or "words" (a 200-word list)
 
 
@@ -289,14 +290,16 @@ def _sidecar_reason(ctx: Context) -> str | None:
     return sidecar_available()
 
 
-def _serve(ctx: Context, name: str, extra: tuple[str, ...] = (), log_name: str | None = None):
+def _serve(ctx: Context, name: str, extra: tuple[str, ...] = (), log_name: str | None = None,
+           compile_wait: bool = True):
     from benchmarks.server import start_sidecar
 
     model = ctx.model_dir(name)
     flags = list(ctx.plan.server_flags) + list(extra)
     if ctx.options.attention != "auto":
         flags += ["--attention", ctx.options.attention]
-    return start_sidecar(model, device=ctx.device, extra=flags, log_dir=ctx.log_dir, name=log_name or name)
+    return start_sidecar(model, device=ctx.device, extra=flags, log_dir=ctx.log_dir, name=log_name or name,
+                         compile_wait=compile_wait)
 
 
 # ----------------------------------------------------------------------------------- parts
@@ -763,8 +766,11 @@ def _mixed_request(rng: random.Random, pool: list[str]) -> list[str]:
 def part_capture(ctx: Context) -> dict[str, Any]:
     """Time to SERVING with lazy capture, and latency during the first window of a mixed load against after.
 
-    With `--capture-prewarm SPEC`, a second server started with `--prewarm SPEC` then takes the
-    same request sequence ("prewarm" in the result): what capturing at start buys the first window.
+    The server starts as `fern serve` does, compiling in the background: `seconds_to_compiled` is when
+    its metrics first said the compiled engine serves. With `--capture-prewarm SPEC`, a second server
+    started with `--prewarm SPEC` then takes the same request sequence ("prewarm" in the result):
+    what capturing at start buys the first window. With `--capture-compile-wait`, one started with
+    `--compile-wait` does ("compile_wait"): SERVING only once compiled, as before background compiles.
     """
     plan = ctx.plan
     name = plan.capture_model
@@ -786,6 +792,9 @@ def part_capture(ctx: Context) -> dict[str, Any]:
             rng.setstate(state)  # the same requests, in the same order
             result["prewarm"] = {"spec": ctx.options.capture_prewarm,
                                  **_capture_e2e(ctx, name, rng, pool, ("--prewarm", ctx.options.capture_prewarm))}
+        if ctx.options.capture_compile_wait:
+            rng.setstate(state)
+            result["compile_wait"] = _capture_e2e(ctx, name, rng, pool, compile_wait=True)
         return result
     from core_engine.engine import Engine
 
@@ -806,29 +815,59 @@ def part_capture(ctx: Context) -> dict[str, Any]:
 
 
 def _capture_e2e(ctx: Context, name: str, rng: random.Random, pool: list[str],
-                 extra: tuple[str, ...] = ()) -> dict[str, Any]:
+                 extra: tuple[str, ...] = (), compile_wait: bool = False) -> dict[str, Any]:
     """Start `fern serve` (with `extra` flags) and send it the mixed load for both windows."""
+    from benchmarks.server import free_port
     from sidecar.client import FernClient
 
     first, after = ctx.plan.capture_windows
     samples: list[tuple[float, float]] = []
+    metrics_port = free_port()
     # Its own log file: the prewarmed server's must not overwrite the lazy one's.
-    served = _serve(ctx, name, extra, log_name=f"{name}-prewarm" if extra else None)
+    log_name = f"{name}-prewarm" if extra else f"{name}-compile-wait" if compile_wait else None
+    served = _serve(ctx, name, (*extra, "--metrics-port", str(metrics_port)), log_name=log_name,
+                    compile_wait=compile_wait)
     result: dict[str, Any] = {"mode": "e2e gRPC (fern serve subprocess)",
                               "seconds_to_serving": round(served.seconds_to_serving, 2),
                               "server_command": " ".join(served.command)}
+    compiled_after: list[float] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_compiled, args=(metrics_port, stop, compiled_after), daemon=True)
     try:
         with FernClient(served.target, timeout=120) as client:
             t0 = time.perf_counter()
+            watcher.start()
             while (now := time.perf_counter() - t0) < first + after:
                 req = _mixed_request(rng, pool)
                 start = time.perf_counter()
                 client.embed(req)
                 samples.append((now, (time.perf_counter() - start) * 1e3))
     finally:
+        stop.set()
         served.stop()
+    watcher.join(5)
+    # Seconds from the process start, like seconds_to_serving; None: not compiled within the windows.
+    result["seconds_to_compiled"] = round(served.seconds_to_serving + compiled_after[0], 2) if compiled_after else None
     result.update(_windows(samples, first))
     return result
+
+
+def _watch_compiled(port: int, stop: threading.Event, found: list[float]) -> None:
+    """Poll the sidecar's /metrics until every engine's fern_engine_compiled is 1; append the seconds it took."""
+    import urllib.request
+
+    t0 = time.perf_counter()
+    while not stop.is_set():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+                text = response.read().decode()
+        except OSError:
+            text = ""
+        values = [line.rsplit(" ", 1)[-1] for line in text.splitlines() if line.startswith("fern_engine_compiled{")]
+        if values and all(float(v) == 1 for v in values):
+            found.append(time.perf_counter() - t0)
+            return
+        stop.wait(0.1)
 
 
 def _windows(samples: list[tuple[float, float]], first: float) -> dict[str, Any]:
@@ -1034,7 +1073,12 @@ def summary(results: dict[str, Any]) -> str:
 
     if "first_window" in cap:
         ready = cap.get("seconds_to_serving", cap.get("seconds_to_ready"))
-        lines.append(f"capture {cap['model']}: ready in {ready} s; {windows_p99(cap)} ({cap['mode']})")
+        compiled = f", compiled at {cap['seconds_to_compiled']} s" if cap.get("seconds_to_compiled") else ""
+        lines.append(f"capture {cap['model']}: ready in {ready} s{compiled}; {windows_p99(cap)} ({cap['mode']})")
+        wait = cap.get("compile_wait")
+        if wait and "first_window" in wait:
+            lines.append(f"capture {cap['model']} with --compile-wait: ready in {wait['seconds_to_serving']} s; "
+                         f"{windows_p99(wait)}")
         warm = cap.get("prewarm")
         if warm and "first_window" in warm:
             lines.append(f"capture {cap['model']} with --prewarm {warm['spec']}: ready in "

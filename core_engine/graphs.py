@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -168,6 +170,9 @@ class _Entry:
 class GraphCache:
     """CUDA graphs per key, driven by a CapturePolicy; graphs share one memory pool.
 
+    `capture_lock`, when given, is held through every capture (captures of two graph caches, one
+    of them filled by a background compile, never overlap).
+
     The engine asks `peek(key)` when it prepares a batch (to plan attention for the graph
     or eager step it expects), `decide(key)` when it runs it, then `run(key, action,
     forward, backend)`, which runs `forward()` eagerly, captures it, or replays its graph.
@@ -179,15 +184,24 @@ class GraphCache:
     """
 
     def __init__(self, policy: CapturePolicy, device: torch.device,
-                 on_evict: Callable[[GraphKey], None] | None = None) -> None:
+                 on_evict: Callable[[GraphKey], None] | None = None,
+                 capture_lock: threading.Lock | None = None) -> None:
         self.policy = policy
         self.device = device
         self.on_evict = on_evict
+        self._capture_lock = capture_lock or contextlib.nullcontext()
         self._entries: dict[GraphKey, _Entry] = {}
         self._pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def clear(self) -> None:
+        """Drop every graph (the engine switched to another runner); the counters stay."""
+        for key in list(self._entries):
+            del self._entries[key]
+            if self.on_evict is not None:
+                self.on_evict(key)
 
     def backend_of(self, key: GraphKey) -> str | None:
         """Which attention backend a captured graph was recorded with."""
@@ -213,7 +227,7 @@ class GraphCache:
             return forward()
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            with self._capture_lock, torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 output = forward()
         except RuntimeError as exc:
             # A model or backend that cannot be captured still serves, eagerly, for this key.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -30,6 +31,16 @@ def read_checkpoint(model_dir: Path, device: torch.device | str = "cpu") -> dict
     return weights
 
 
+def _module_class(spec: ModelSpec) -> tuple[type[nn.Module], Callable[..., dict[str, torch.Tensor]]]:
+    """The module class of ``spec``'s family and kind, with the function converting its checkpoint."""
+    family = FAMILIES[spec.family]
+    if spec.kind == "reranker":
+        if family.scorer is None or family.convert_scorer_weights is None:
+            raise ValueError(f"{spec.path}: {spec.family} has no cross-encoder in Fern")
+        return family.scorer, family.convert_scorer_weights
+    return family.module, family.convert_weights
+
+
 def build_model(
     spec: ModelSpec, device: torch.device | str, dtype: torch.dtype, attention: AttentionBackend,
     kernels: KernelOptions | None = None,
@@ -46,12 +57,7 @@ def build_model(
     already applied to the position table). The forward pass has no host syncs of its own,
     so it is CUDA-graph capturable whenever the attention backend is.
     """
-    family = FAMILIES[spec.family]
-    module_class, convert = family.module, family.convert_weights
-    if spec.kind == "reranker":
-        if family.scorer is None or family.convert_scorer_weights is None:
-            raise ValueError(f"{spec.path}: {spec.family} has no cross-encoder in Fern")
-        module_class, convert = family.scorer, family.convert_scorer_weights
+    module_class, convert = _module_class(spec)
     with torch.device("meta"):
         module = module_class(spec, attention, kernels or KernelOptions())
     # Read straight onto the device: fusing and casting there is faster than on the host.
@@ -73,4 +79,25 @@ def build_model(
     module.to(device=device)
     module.eval()
     module.requires_grad_(False)
+    return module
+
+
+def rebuild_model(spec: ModelSpec, model: nn.Module, attention: AttentionBackend,
+                  kernels: KernelOptions | None = None) -> nn.Module:
+    """A second module of ``spec`` on ``model``'s own weights and buffers (shared, not copied), calling
+    ``attention``: what the engine compiles beside the module it serves from, so that neither
+    touches the other's attention state."""
+    module_class, _ = _module_class(spec)
+    with torch.device("meta"):
+        module = module_class(spec, attention, kernels or KernelOptions())
+    shared = list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False))
+    for name, tensor in shared:
+        owner_name, _, attr = name.rpartition(".")
+        owner = module.get_submodule(owner_name)
+        slots = owner._parameters if attr in owner._parameters else owner._buffers
+        slots[attr] = tensor
+    leftover = [name for name, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
+    if leftover:
+        raise RuntimeError(f"rebuild_model: {spec.name}: {leftover[:3]} have no tensor in the served model")
+    module.eval()
     return module

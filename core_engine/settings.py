@@ -92,7 +92,10 @@ class EngineConfig:
     `prewarm` lists (tokens per sequence, sequences) shapes captured at start, or is a list
     as `fern serve --prewarm` takes it ("queries", "128x1,512x32"; see graphs.prewarm_shapes);
     `pad_to_buckets` (default: on CUDA) pads token counts to graph buckets; `compile`
-    (default: on CUDA) runs the model through torch.compile with `compile_backend`.
+    (default: on CUDA) runs the model through torch.compile with `compile_backend`;
+    `compile_in_background` makes the engine ready at once, serving from the uncompiled model
+    (and, under "auto" attention, varlen alone) while a thread compiles, chooses attention and
+    pre-warms a second runner on the same weights, adopted at the next step once ready.
     """
 
     device: Any = "auto"  # str or torch.device
@@ -107,16 +110,20 @@ class EngineConfig:
     pad_to_buckets: bool | None = None
     compile: bool | None = None
     compile_backend: str = "inductor"
+    compile_in_background: bool = False
     kernels: KernelOptions = field(default_factory=KernelOptions)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **options: Any) -> "EngineConfig":
-        """`options` as given, the rest from FERN_COMPILE, FERN_COMPILE_BACKEND and the kernel switches."""
+        """`options` as given, the rest from FERN_COMPILE, FERN_COMPILE_BACKEND, FERN_COMPILE_IN_BACKGROUND and
+        the kernel switches."""
         env = os.environ if environ is None else environ
         base: dict[str, Any] = {"kernels": KernelOptions.from_env(env),
                                 "compile_backend": env.get("FERN_COMPILE_BACKEND", "inductor")}
         if env.get("FERN_COMPILE") is not None:
             base["compile"] = _flag(env, "FERN_COMPILE", True)
+        if env.get("FERN_COMPILE_IN_BACKGROUND") is not None:
+            base["compile_in_background"] = _flag(env, "FERN_COMPILE_IN_BACKGROUND", False)
         base.update(options)
         return cls(**base)
 

@@ -103,6 +103,13 @@ GRAPH_FAMILIES: tuple[Family, ...] = (
            "Steps too large for the static buffers, always run eagerly.", lambda c: c.uncacheable),
 )
 
+# Per model and engine, from the engine itself.
+ENGINE_STATE_FAMILIES: tuple[Family, ...] = (
+    Family("fern_engine_compiled", "gauge",
+           "1 when the engine's steps run torch.compile's code (from the next step on); 0 while it serves "
+           "uncompiled (a background compile under way, or compiling off or failed).", lambda e: int(getattr(e, "compiled", False))),
+)
+
 # Per model, from its TextTokenizer: the worker processes that tokenize bulk requests.
 TOKENIZER_FAMILIES: tuple[Family, ...] = (
     Family("fern_tokenizer_processes", "gauge",
@@ -136,7 +143,8 @@ AUTH_FAMILIES: tuple[Family, ...] = (
 )
 
 _LABELS = {id(f): ("model", "lane") for f in LANE_FAMILIES}
-_LABELS.update({id(f): ("model", "engine", "device") for f in (*ENGINE_FAMILIES, *GRAPH_FAMILIES)})
+_LABELS.update({id(f): ("model", "engine", "device")
+                for f in (*ENGINE_FAMILIES, *ENGINE_STATE_FAMILIES, *GRAPH_FAMILIES)})
 _LABELS.update({id(f): ("model",) for f in (*TOKENIZER_FAMILIES, DRAINING)})
 
 
@@ -148,8 +156,8 @@ class ServingCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         families = {family.name: family.empty(_LABELS[id(family)])
-                    for family in (*LANE_FAMILIES, *ENGINE_FAMILIES, *GRAPH_FAMILIES, *TOKENIZER_FAMILIES,
-                                   DRAINING)}
+                    for family in (*LANE_FAMILIES, *ENGINE_FAMILIES, *ENGINE_STATE_FAMILIES, *GRAPH_FAMILIES,
+                                   *TOKENIZER_FAMILIES, DRAINING)}
 
         def add(family: Family, labels: tuple[str, ...], source: object) -> None:
             families[family.name].add_metric(list(labels), family.read(source))
@@ -170,6 +178,8 @@ class ServingCollector(Collector):
                     add(family, labels, engine_stats)
                 for family in GRAPH_FAMILIES:
                     add(family, labels, graphs)
+                for family in ENGINE_STATE_FAMILIES:
+                    add(family, labels, engine)
             for family in TOKENIZER_FAMILIES:
                 add(family, (model,), served.tokenizer)
             add(DRAINING, (model,), stats)

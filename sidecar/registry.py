@@ -80,11 +80,14 @@ class Registry:
              attention: str = "auto", cuda_graphs: bool = True,
              scheduler_config: SchedulerConfig | Callable[[str], SchedulerConfig] | None = None,
              tokenizer_workers: int | None = None, tokenizer_processes: int | None = None,
-             prewarm: str = "", settings: SidecarConfig | None = None) -> "Registry":
+             prewarm: str = "", settings: SidecarConfig | None = None,
+             compile_in_background: bool = False) -> "Registry":
         """Build engines (one per device) and a scheduler for every model source.
 
         `prewarm`: shapes each engine captures before serving ("queries", "128x1,512x32": see
         core_engine.graphs.prewarm_shapes); "queries" follows each model's own token limit.
+        `compile_in_background`: engines that compile serve at once, uncompiled, and switch to the
+        compiled model when it is ready (EngineConfig.compile_in_background).
 
         `scheduler_config` is a SchedulerConfig, or a function of the device type ("cuda",
         "cpu") returning one, or None for SchedulerConfig.for_device's defaults. `settings`
@@ -103,7 +106,8 @@ class Registry:
         for source in sources or [ModelSource(None)]:
             path = source.path if source.path is not None else default_model_dir()
             engines = [Engine(path, name=source.name, device=d, dtype=dtype, attention=attention,
-                              cuda_graphs=cuda_graphs, prewarm=prewarm) for d in devices]
+                              cuda_graphs=cuda_graphs, prewarm=prewarm, compile_in_background=compile_in_background)
+                       for d in devices]
             spec = engines[0].spec
             config = scheduler_config(engines[0].device.type) if callable(scheduler_config) \
                 else scheduler_config or SchedulerConfig.for_device(

@@ -68,7 +68,8 @@ def load_registry(args: argparse.Namespace, timings: dict[str, float] | None = N
                              scheduler_config=_scheduler_config(args, settings),
                              tokenizer_workers=args.tokenizer_workers,
                              tokenizer_processes=args.tokenizer_processes,
-                             prewarm=getattr(args, "prewarm", ""), settings=settings)
+                             prewarm=getattr(args, "prewarm", ""), settings=settings,
+                             compile_in_background=not getattr(args, "compile_wait", False))
     if timings is not None:
         timings.update(imports=imported - _STARTED, models=time.monotonic() - imported)
     return registry
@@ -312,10 +313,13 @@ async def run_sidecar(args: argparse.Namespace,
         await worker.start()
     names = ", ".join(s.name for s in sidecar.gateway.models())
     devices = ", ".join(sorted({str(e.device) for m in registry for e in m.engines}))
-    # Where start-up went (the engine logs its own part of "models" in more detail).
+    # Where start-up went (the engine logs its own part of "models" in more detail), and what it did not wait for.
+    compiling = [m.spec.name for m in registry if any(getattr(e, "compiling", False) for e in m.engines)]
+    later = (f"; compiling {', '.join(compiling)} in the background, served uncompiled until then "
+             "(metric fern_engine_compiled)") if compiling else ""
     print(f"fern: serving {names} on {sidecar.target} ({devices}; {time.monotonic() - _STARTED:.1f} s after "
           f"start: imports {timings['imports']:.1f} s, models {timings['models']:.1f} s; {frozen:,} start-up "
-          "objects frozen out of the garbage collector)", file=sys.stderr, flush=True)
+          f"objects frozen out of the garbage collector{later})", file=sys.stderr, flush=True)
     for extra in sidecar.extras:
         if hasattr(extra, "port"):
             print(f"fern: Postgres endpoint on {extra.host}:{extra.port}", file=sys.stderr, flush=True)

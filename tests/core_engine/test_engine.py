@@ -306,7 +306,7 @@ def _planning_engine(monkeypatch: pytest.MonkeyPatch, max_graphs: int, eager_hit
         torch.device("cpu"), AttentionShape(12, 12, 32), causal=False, dtype=torch.float32, max_tokens=1024))
     engine = Engine(attention="fake-flashinfer", pad_to_buckets=True)
     engine.policy.max_graphs, engine.policy.eager_hits = max_graphs, eager_hits
-    engine.graphs = GraphsOnCpu(engine)
+    engine._runner.graphs = GraphsOnCpu(engine)
 
     def phased(call, phase):
         def run(*args):

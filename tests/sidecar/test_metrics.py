@@ -117,6 +117,7 @@ def test_the_exposition_parses_and_names_the_served_model(metrics_sidecar):
                  "fern_graph_captures_total", "fern_graph_replays_total",
                  "fern_graph_evictions_total", "fern_graph_uncacheable_total"):
         assert (name, frozenset(engine.items())) in samples
+    assert value(samples, "fern_engine_compiled", **engine) == 0  # the CPU compiles nothing by default
     assert value(samples, "fern_scheduler_draining", model=model) == 0
     # The 2-core test machine runs no tokenizer worker processes by default.
     assert value(samples, "fern_tokenizer_processes", model=model) == 0
