@@ -58,6 +58,10 @@ def _model_args(p: argparse.ArgumentParser, flag: str = "--model") -> None:
                    help="auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32 (env FERN_DTYPE)")
     p.add_argument("--attention", default=_env("ATTENTION", "auto"),
                    help="attention backend: auto, varlen, flashinfer, cpu (env FERN_ATTENTION)")
+    p.add_argument("--cache-dir", default=_env("CACHE_DIR"), metavar="DIR",
+                   help="keep torch.compile's, Triton's and FlashInfer's compiled kernels under DIR (a volume "
+                        "that outlives the machine makes the next start warm; env FERN_CACHE_DIR; default: "
+                        "each library's own, TORCHINDUCTOR_CACHE_DIR and FLASHINFER_WORKSPACE_BASE win)")
     p.add_argument("--no-cuda-graphs", action="store_true", default=_env_bool("NO_CUDA_GRAPHS"),
                    help="run every step eagerly (env FERN_NO_CUDA_GRAPHS=1)")
     p.add_argument("--tokenizer-workers", type=int, default=_env_int("TOKENIZER_WORKERS", None),

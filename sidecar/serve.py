@@ -50,12 +50,30 @@ def _scheduler_config(args: argparse.Namespace, settings: SidecarConfig) -> Call
     return lambda device_type: SchedulerConfig.for_device(device_type, **overrides)
 
 
+def point_caches(directory: Path) -> None:
+    """Put the compilers' on-disk caches under `directory` (before torch, Triton or FlashInfer reads where):
+    inductor/ (torch.compile's code and Triton's kernels) and flashinfer/ (its JIT-built kernels).
+    A variable the environment already sets wins. Each cache keys its entries by the source it
+    compiled and the library versions, so one directory serves upgrades and several models."""
+    directory = directory.expanduser().resolve()
+    for variable, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "inductor/triton"),
+                          ("FLASHINFER_WORKSPACE_BASE", "flashinfer")):
+        path = directory / sub
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise SystemExit(f"fern: --cache-dir {str(directory)!r}: {error.strerror}") from None
+        os.environ.setdefault(variable, str(path))
+
+
 def load_registry(args: argparse.Namespace, timings: dict[str, float] | None = None) -> Registry:
     """The served models from `--model`/`--device`/… (the bundled model by default).
 
     `timings`, when given, gets the seconds from start until the libraries were imported (torch,
     the engine, the tokenizers, gRPC) and those spent loading the models (tokenizers, weights,
     compile, attention choice)."""
+    if getattr(args, "cache_dir", None):
+        point_caches(Path(args.cache_dir))
     import core_engine.engine  # noqa: F401 - torch and the engine: counted as imports, not as models
     from core_engine.settings import SidecarConfig
     from sidecar.registry import ModelSource, Registry

@@ -277,3 +277,34 @@ def test_qk_norm_rope_triton_kernel_serves_on_this_gpu():
     want = m.qk_norm_rope_reference(qk.float(), weight.float(), cos.float(), sin.float(), 1e-6)
     torch.testing.assert_close(q.float(), want[:, :q_heads], rtol=0.02, atol=0.05)
     torch.testing.assert_close(k.float(), want[:, q_heads:], rtol=0.02, atol=0.05)
+
+
+@pytest.mark.parametrize("family", ["bert", "qwen3-causal"])
+def test_background_compile_serves_throughout_and_switches_to_the_compiled_runner(
+        family: str, model_dirs: dict[str, Path], references: dict[str, torch.nn.Module]) -> None:
+    """Steps keep coming on the serving thread while the compile, FlashInfer's kernels, the attention
+    choice and the pre-warm happen on another; every vector stays right before, across and after
+    the switch, and the pre-warmed shape replays on the compiled runner at once."""
+    from core_engine.engine import Engine
+
+    engine = Engine(model_dirs[family], device="cuda", compile_in_background=True, prewarm="64x1")
+    assert engine.attention.name == "varlen" and not engine.compiled
+    seqs = _sequences(3, LENGTHS)
+    arch = TINY[family]
+    ref = np.stack([reference_pooled(references[family], s, arch.pooling, engine.spec.causal).numpy()
+                    for s in seqs])
+    during = []
+    while engine.compiling and len(during) < 2000:
+        during.append(engine.embed(seqs))
+    assert engine.wait_compiled(timeout=600)
+    assert engine.compiled and engine.compile_error is None
+    after = [engine.embed(seqs) for _ in range(3)]
+    for vectors in [*during[:3], *during[-3:], *after]:
+        assert _cosines(vectors, ref).min() > 0.995
+    from core_engine.attention.select import attention_shape, flashinfer_usable
+
+    if flashinfer_usable(attention_shape(engine.spec)) is None:  # FlashInfer came with the compiled runner
+        assert set(engine.attention.candidates) == {"varlen", "flashinfer"}
+    replays = engine.counters.replays
+    engine.embed(_sequences(4, [64]))
+    assert engine.counters.replays == replays + 1  # captured in the background, replayed here

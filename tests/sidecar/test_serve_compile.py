@@ -6,11 +6,14 @@ no C++ toolchain is needed) and metrics on; checked over real gRPC and a real /m
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import urllib.request
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from sidecar.client import FernClient
 
@@ -47,3 +50,27 @@ def test_compile_wait_reports_serving_only_once_compiled(sidecar_process_class) 
         log = sidecar.log()
         assert "in the background" not in log
         assert compiled_gauge(log) == 1
+
+
+def test_cache_dir_points_the_compilers_caches_under_it_and_the_environment_wins(tmp_path, monkeypatch) -> None:
+    from sidecar.cli import build_parser
+    from sidecar.serve import point_caches
+
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")}
+    monkeypatch.setattr(os, "environ", {**environ, "FLASHINFER_WORKSPACE_BASE": "/elsewhere"})  # none of it leaks
+    args = build_parser().parse_args(["serve", "--cache-dir", str(tmp_path / "fern")])
+    point_caches(Path(args.cache_dir))
+
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "fern" / "inductor")
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "fern" / "inductor" / "triton")
+    assert os.environ["FLASHINFER_WORKSPACE_BASE"] == "/elsewhere"
+    assert (tmp_path / "fern" / "inductor" / "triton").is_dir() and (tmp_path / "fern" / "flashinfer").is_dir()
+
+
+def test_an_unusable_cache_dir_is_named(tmp_path) -> None:
+    from sidecar.serve import point_caches
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match="--cache-dir .*file"):
+        point_caches(tmp_path / "file")
