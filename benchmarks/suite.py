@@ -848,6 +848,9 @@ def _capture_e2e(ctx: Context, name: str, rng: random.Random, pool: list[str],
     watcher.join(5)
     # Seconds from the process start, like seconds_to_serving; None: not compiled within the windows.
     result["seconds_to_compiled"] = round(served.seconds_to_serving + compiled_after[0], 2) if compiled_after else None
+    # What the sidecar said about its compile (in the background: how long it took, even past the windows).
+    result["compile_log"] = [line for line in served.log_path.read_text(errors="replace").splitlines()
+                             if "compil" in line][:8]
     result.update(_windows(samples, first))
     return result
 
