@@ -108,6 +108,9 @@ class _Runner:
     graphs: GraphCache
     static: torch.Tensor | None
     compiled: bool
+    # Serving while another thread compiles (CUDA): its steps launch under the capture lock and
+    # capture nothing (see Engine._compile_in_background).
+    interim: bool = False
 
 
 class Engine:
@@ -202,7 +205,8 @@ class Engine:
         self._capture_lock = threading.Lock()
         self._pending: _Runner | None = None
         self._compiled_event = threading.Event()
-        self._runner = self._new_runner(model, attention, compiled=want_compile and not background)
+        self._runner = self._new_runner(model, attention, compiled=want_compile and not background,
+                                        interim=background and self._cuda)
         if self._runner.compiled:
             self._runner = self._compile(self._runner, built)
             self._compiled_event.set()
@@ -240,16 +244,17 @@ class Engine:
     # -- runners --------------------------------------------------------------------------
 
     def _new_runner(self, model: torch.nn.Module, attention: AttentionSelector, compiled: bool,
-                    counters: GraphCounters | None = None) -> _Runner:
-        """`counters`: where its steps are counted (default: the engine's)."""
+                    counters: GraphCounters | None = None, interim: bool = False) -> _Runner:
+        """`counters`: where its steps are counted (default: the engine's); `interim`: serves while another
+        thread compiles, without graphs."""
         # Wrapping the model imports torch._inductor (seconds on a slow host): counted as compile time.
         forward = torch.compile(model, dynamic=True, backend=self.config.compile_backend) if compiled else model
-        policy = CapturePolicy(max_graphs=self._max_graphs, eager_hits=self.config.eager_hits,
+        policy = CapturePolicy(max_graphs=0 if interim else self._max_graphs, eager_hits=self.config.eager_hits,
                                counters=counters or self._counters)
         graphs = GraphCache(policy, self.device, on_evict=attention.release, capture_lock=self._capture_lock)
         static = torch.zeros(self._static_size, dtype=torch.int64, device=self.device) if self._cuda else None
         return _Runner(model=model, attention=attention, forward=forward, graphs=graphs, static=static,
-                       compiled=compiled)
+                       compiled=compiled, interim=interim)
 
     def _compile(self, runner: _Runner, since: float) -> _Runner:
         """`runner` with its compiled forward warmed up, or an uncompiled runner of the same model when the
@@ -273,7 +278,12 @@ class Engine:
     def _compile_in_background(self) -> None:
         """Build, compile, choose attention for and pre-warm a second runner while the first serves; `_current`
         adopts it at the next step. It shares the served model's weights but has attention, graphs and
-        static buffer of its own, and runs on a stream of its own (CUDA)."""
+        static buffer of its own, and runs on a stream of its own (CUDA).
+
+        A CUDA graph capture tolerates no other thread's launches, allocations or kernel loads while
+        it records, and the compiler does all of those at times of its own choosing. So the interim
+        runner captures nothing (its steps run eagerly), and its launches and this thread's captures
+        (the attention choice, the pre-warm) take turns under the capture lock."""
         began = time.perf_counter()
         try:
             stream = torch.cuda.Stream(self.device) if self._cuda else None
@@ -475,6 +485,12 @@ class Engine:
             return self._step_on(self._current(), batch)
 
     def _step_on(self, runner: _Runner, batch: PreparedBatch) -> EmbeddingHandle:
+        if runner.interim:
+            with self._capture_lock:
+                return self._launch(runner, batch)
+        return self._launch(runner, batch)
+
+    def _launch(self, runner: _Runner, batch: PreparedBatch) -> EmbeddingHandle:
         key, cu_cpu = batch.key, batch.cu_seqlens_cpu
         action = self._action(runner, batch, counted=True)
         plan = self._plan(runner, batch, action)
