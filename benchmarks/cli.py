@@ -43,9 +43,9 @@ def register(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParse
     parser.add_argument("--capture-prewarm", default="", metavar="SPEC",
                         help="the capture part also loads a server started with --prewarm SPEC (e.g. queries), "
                              "with the same requests as the lazy one")
-    parser.add_argument("--capture-compile-wait", action="store_true",
-                        help="the capture part also loads a server started with --compile-wait (SERVING once "
-                             "compiled), with the same requests as the one that compiles in the background")
+    parser.add_argument("--capture-compile-in-background", action="store_true",
+                        help="the capture part also loads a server started with --compile-in-background "
+                             "(SERVING before the compile), with the same requests as the plain one")
     parser.add_argument("--texts", choices=("zipf", "words"), default="zipf",
                         help="the texts' words: drawn by Zipf's law from the tokenizer's vocabulary with "
                              "sentences and punctuation (default), or an even draw from a 200-word list")
@@ -72,7 +72,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         latency_lengths=tuple(args.latency_lengths or ()),
         compare_models=tuple(args.compare_models or ()),
         capture_prewarm=args.capture_prewarm,
-        capture_compile_wait=args.capture_compile_wait,
+        capture_compile_in_background=args.capture_compile_in_background,
         texts=args.texts,
     )
     run_suite(options)

@@ -50,16 +50,13 @@ def sidecar_available() -> str | None:
 
 
 def start_sidecar(model_dir: Path | None, *, device: str, extra: list[str] = (), log_dir: Path,
-                  timeout: float = 240.0, name: str = "bench", compile_wait: bool = True) -> ServedSidecar:
-    """Run `python -m sidecar.cli serve` on a free port and wait until health says SERVING.
-
-    `compile_wait` (default) starts it with --compile-wait, so what is measured is the compiled
-    engine that serves from then on; False measures start-up as a user's `fern serve` does it."""
+                  timeout: float = 240.0, name: str = "bench") -> ServedSidecar:
+    """Run `python -m sidecar.cli serve` on a free port and wait until health says SERVING."""
     from sidecar.client import FernClient
 
     port = free_port()
     command = [sys.executable, "-m", "sidecar.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--device", device, *(["--compile-wait"] if compile_wait else []), *extra]
+               "--device", device, *extra]
     if model_dir is not None:
         command += ["--model", str(model_dir)]
     log_dir.mkdir(parents=True, exist_ok=True)

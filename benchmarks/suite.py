@@ -58,7 +58,7 @@ class BenchOptions:
     latency_lengths: tuple[int, ...] = ()
     compare_models: tuple[str, ...] = ()  # empty: the plan's
     capture_prewarm: str = ""  # non-empty: the capture part also loads a server started with --prewarm this
-    capture_compile_wait: bool = False  # the capture part also loads a server started with --compile-wait
+    capture_compile_in_background: bool = False  # the capture part also loads a server started with --compile-in-background
     texts: str = "zipf"  # benchmarks/texts.py's vocabulary: "zipf", or "words" (a 200-word list)
 
 
@@ -290,16 +290,14 @@ def _sidecar_reason(ctx: Context) -> str | None:
     return sidecar_available()
 
 
-def _serve(ctx: Context, name: str, extra: tuple[str, ...] = (), log_name: str | None = None,
-           compile_wait: bool = True):
+def _serve(ctx: Context, name: str, extra: tuple[str, ...] = (), log_name: str | None = None):
     from benchmarks.server import start_sidecar
 
     model = ctx.model_dir(name)
     flags = list(ctx.plan.server_flags) + list(extra)
     if ctx.options.attention != "auto":
         flags += ["--attention", ctx.options.attention]
-    return start_sidecar(model, device=ctx.device, extra=flags, log_dir=ctx.log_dir, name=log_name or name,
-                         compile_wait=compile_wait)
+    return start_sidecar(model, device=ctx.device, extra=flags, log_dir=ctx.log_dir, name=log_name or name)
 
 
 # ----------------------------------------------------------------------------------- parts
@@ -766,11 +764,11 @@ def _mixed_request(rng: random.Random, pool: list[str]) -> list[str]:
 def part_capture(ctx: Context) -> dict[str, Any]:
     """Time to SERVING with lazy capture, and latency during the first window of a mixed load against after.
 
-    The server starts as `fern serve` does, compiling in the background: `seconds_to_compiled` is when
-    its metrics first said the compiled engine serves. With `--capture-prewarm SPEC`, a second server
-    started with `--prewarm SPEC` then takes the same request sequence ("prewarm" in the result):
-    what capturing at start buys the first window. With `--capture-compile-wait`, one started with
-    `--compile-wait` does ("compile_wait"): SERVING only once compiled, as before background compiles.
+    The server starts as `fern serve` does: `seconds_to_compiled` is when its metrics first said the
+    compiled engine serves. With `--capture-prewarm SPEC`, a second server started with `--prewarm SPEC`
+    then takes the same request sequence ("prewarm" in the result): what capturing at start buys the
+    first window. With `--capture-compile-in-background`, one started with `--compile-in-background`
+    does ("compile_in_background"): SERVING before the compile, and the first window served meanwhile.
     """
     plan = ctx.plan
     name = plan.capture_model
@@ -791,10 +789,12 @@ def part_capture(ctx: Context) -> dict[str, Any]:
         if ctx.options.capture_prewarm:
             rng.setstate(state)  # the same requests, in the same order
             result["prewarm"] = {"spec": ctx.options.capture_prewarm,
-                                 **_capture_e2e(ctx, name, rng, pool, ("--prewarm", ctx.options.capture_prewarm))}
-        if ctx.options.capture_compile_wait:
+                                 **_capture_e2e(ctx, name, rng, pool, ("--prewarm", ctx.options.capture_prewarm),
+                                                label="prewarm")}
+        if ctx.options.capture_compile_in_background:
             rng.setstate(state)
-            result["compile_wait"] = _capture_e2e(ctx, name, rng, pool, compile_wait=True)
+            result["compile_in_background"] = _capture_e2e(ctx, name, rng, pool, ("--compile-in-background",),
+                                                           label="compile-in-background")
         return result
     from core_engine.engine import Engine
 
@@ -815,18 +815,17 @@ def part_capture(ctx: Context) -> dict[str, Any]:
 
 
 def _capture_e2e(ctx: Context, name: str, rng: random.Random, pool: list[str],
-                 extra: tuple[str, ...] = (), compile_wait: bool = False) -> dict[str, Any]:
-    """Start `fern serve` (with `extra` flags) and send it the mixed load for both windows."""
+                 extra: tuple[str, ...] = (), label: str | None = None) -> dict[str, Any]:
+    """Start `fern serve` (with `extra` flags) and send it the mixed load for both windows; `label` names
+    its log file apart from the plain server's."""
     from benchmarks.server import free_port
     from sidecar.client import FernClient
 
     first, after = ctx.plan.capture_windows
     samples: list[tuple[float, float]] = []
     metrics_port = free_port()
-    # Its own log file: the prewarmed server's must not overwrite the lazy one's.
-    log_name = f"{name}-prewarm" if extra else f"{name}-compile-wait" if compile_wait else None
-    served = _serve(ctx, name, (*extra, "--metrics-port", str(metrics_port)), log_name=log_name,
-                    compile_wait=compile_wait)
+    served = _serve(ctx, name, (*extra, "--metrics-port", str(metrics_port)),
+                    log_name=f"{name}-{label}" if label else None)
     result: dict[str, Any] = {"mode": "e2e gRPC (fern serve subprocess)",
                               "seconds_to_serving": round(served.seconds_to_serving, 2),
                               "server_command": " ".join(served.command)}
@@ -1078,10 +1077,11 @@ def summary(results: dict[str, Any]) -> str:
         ready = cap.get("seconds_to_serving", cap.get("seconds_to_ready"))
         compiled = f", compiled at {cap['seconds_to_compiled']} s" if cap.get("seconds_to_compiled") else ""
         lines.append(f"capture {cap['model']}: ready in {ready} s{compiled}; {windows_p99(cap)} ({cap['mode']})")
-        wait = cap.get("compile_wait")
-        if wait and "first_window" in wait:
-            lines.append(f"capture {cap['model']} with --compile-wait: ready in {wait['seconds_to_serving']} s; "
-                         f"{windows_p99(wait)}")
+        background = cap.get("compile_in_background")
+        if background and "first_window" in background:
+            compiled = background.get("seconds_to_compiled")
+            lines.append(f"capture {cap['model']} with --compile-in-background: ready in "
+                         f"{background['seconds_to_serving']} s, compiled at {compiled} s; {windows_p99(background)}")
         warm = cap.get("prewarm")
         if warm and "first_window" in warm:
             lines.append(f"capture {cap['model']} with --prewarm {warm['spec']}: ready in "

@@ -178,10 +178,11 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                         "shapes do not pay an eager step and a capture: 'queries' (one text at each "
                         "64-token bucket up to 512 tokens) and/or LENGTHxCOUNT items, comma-separated "
                         "(env FERN_PREWARM; default: none, every shape is captured on its second use)")
-    p.add_argument("--compile-wait", action="store_true", default=_env_bool("COMPILE_WAIT"),
-                   help="on CUDA, report SERVING only once torch.compile and FlashInfer's kernels are ready "
-                        "(env FERN_COMPILE_WAIT=1; default: serve within seconds from the uncompiled model "
-                        "while they compile in the background, then switch; metric fern_engine_compiled)")
+    p.add_argument("--compile-in-background", action="store_true", default=_env_bool("COMPILE_IN_BACKGROUND"),
+                   help="on CUDA, report SERVING within seconds and serve from the uncompiled model while "
+                        "torch.compile and FlashInfer's kernels are built on another thread, then switch to "
+                        "them (env FERN_COMPILE_IN_BACKGROUND=1; metric fern_engine_compiled; default: SERVING "
+                        "once compiled)")
 
 
 def _run_loop(main: Awaitable[int], loop: str) -> int:

@@ -87,7 +87,7 @@ def load_registry(args: argparse.Namespace, timings: dict[str, float] | None = N
                              tokenizer_workers=args.tokenizer_workers,
                              tokenizer_processes=args.tokenizer_processes,
                              prewarm=getattr(args, "prewarm", ""), settings=settings,
-                             compile_in_background=not getattr(args, "compile_wait", False))
+                             compile_in_background=getattr(args, "compile_in_background", False))
     if timings is not None:
         timings.update(imports=imported - _STARTED, models=time.monotonic() - imported)
     return registry

@@ -166,10 +166,14 @@ def test_capture_with_prewarm_sends_the_same_requests_to_a_prewarmed_server(monk
     logs: list[str | None] = []
 
     def serve(ctx, name, extra=(), log_name=None):
-        served_with.append(tuple(extra))
+        assert extra[-2] == "--metrics-port"  # where the harness watches for the compiled engine
+        extra = tuple(extra[:-2])
+        served_with.append(extra)
         logs.append(log_name)
-        sent[tuple(extra)] = []
-        return types.SimpleNamespace(target=f"t{len(served_with)}", seconds_to_serving=0.5,
+        sent[extra] = []
+        log_path = tmp_path / f"sidecar-{log_name or name}.log"
+        log_path.write_text("fern: serving\ncompiled all-MiniLM-L6-v2 in 1.0 s\n")
+        return types.SimpleNamespace(target=f"t{len(served_with)}", seconds_to_serving=0.5, log_path=log_path,
                                      command=["fern", "serve", *extra], stop=lambda: None)
 
     class Client:
@@ -189,15 +193,18 @@ def test_capture_with_prewarm_sends_the_same_requests_to_a_prewarmed_server(monk
     monkeypatch.setattr(suite, "_sidecar_reason", lambda ctx: None)
     monkeypatch.setattr(sidecar.client, "FernClient", Client)
     plan = dataclasses.replace(PLANS["cpu"], capture_windows=(0.02, 0.02))
-    ctx = suite.Context(options=suite.BenchOptions(capture_prewarm="queries"), plan=plan, device="cpu",
-                        models_dir=tmp_path, log_dir=tmp_path)
+    ctx = suite.Context(options=suite.BenchOptions(capture_prewarm="queries", capture_compile_in_background=True),
+                        plan=plan, device="cpu", models_dir=tmp_path, log_dir=tmp_path)
     result = suite.part_capture(ctx)
-    assert served_with == [(), ("--prewarm", "queries")]
-    assert logs[0] != logs[1]  # two log files, not one overwritten
-    lazy, warm = sent[()], sent[("--prewarm", "queries")]
-    assert lazy and warm
-    common = min(len(lazy), len(warm))  # each run sends for as long as its windows last
-    assert lazy[:common] == warm[:common]
+    assert served_with == [(), ("--prewarm", "queries"), ("--compile-in-background",)]
+    assert len(set(logs)) == 3  # three log files, not one overwritten
+    lazy, warm, background = sent[()], sent[("--prewarm", "queries")], sent[("--compile-in-background",)]
+    assert lazy and warm and background
+    common = min(len(lazy), len(warm), len(background))  # each run sends for as long as its windows last
+    assert lazy[:common] == warm[:common] == background[:common]
     assert result["prewarm"]["spec"] == "queries"
     assert result["prewarm"]["server_command"].endswith("--prewarm queries")
+    assert result["compile_in_background"]["server_command"].endswith("--compile-in-background")
     assert "first_window" in result and "first_window" in result["prewarm"]
+    assert "first_window" in result["compile_in_background"]
+    assert result["compile_log"] == ["compiled all-MiniLM-L6-v2 in 1.0 s"]

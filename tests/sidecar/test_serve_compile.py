@@ -1,4 +1,5 @@
-"""`fern serve` does not wait for torch.compile: SERVING at once, the compiled engine taking over later.
+"""`fern serve --compile-in-background`: SERVING at once, the compiled engine taking over later; without it,
+SERVING once compiled.
 
 A real `fern serve` on CPU with the compiler switched on (FERN_COMPILE=1, the "eager" backend so
 no C++ toolchain is needed) and metrics on; checked over real gRPC and a real /metrics scrape.
@@ -30,7 +31,8 @@ def compiled_gauge(log: str) -> float | None:
 
 
 def test_serving_starts_before_the_compile_and_the_compiled_engine_takes_over(sidecar_process_class) -> None:
-    with sidecar_process_class(["--metrics-port", "0"], env=COMPILING) as sidecar:
+    # The environment twin of --compile-in-background.
+    with sidecar_process_class(["--metrics-port", "0"], env={**COMPILING, "FERN_COMPILE_IN_BACKGROUND": "1"}) as sidecar:
         log = sidecar.log()
         assert re.search(r"^fern: serving .* compiling all-MiniLM-L6-v2 in the background", log, re.M), log
         with FernClient(sidecar.target) as client:
@@ -45,8 +47,8 @@ def test_serving_starts_before_the_compile_and_the_compiled_engine_takes_over(si
     np.testing.assert_allclose(second, first, atol=1e-6)
 
 
-def test_compile_wait_reports_serving_only_once_compiled(sidecar_process_class) -> None:
-    with sidecar_process_class(["--metrics-port", "0", "--compile-wait"], env=COMPILING) as sidecar:
+def test_by_default_serving_is_reported_only_once_compiled(sidecar_process_class) -> None:
+    with sidecar_process_class(["--metrics-port", "0"], env=COMPILING) as sidecar:
         log = sidecar.log()
         assert "in the background" not in log
         assert compiled_gauge(log) == 1
