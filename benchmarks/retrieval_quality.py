@@ -27,9 +27,10 @@ PostgreSQL (embedded PostgreSQL 18 + pgvector, the adapter's vectorizer and work
   (1 / (1 + rank)): the Qdrant hybrid's vectors and fusion, in PostgreSQL.
 
 `--rerank-model DIR` adds "+ rerank" rows: the hybrid top RERANK_DEPTH re-ordered by a
-cross-encoder the sidecar serves from DIR (as model "rerank"), through its Rerank call
-(`FernClient.rerank`). No cross-encoder weights ship with Fern, so these rows run only with
-a checkpoint given.
+cross-encoder the sidecar serves from DIR (as model "rerank"), through its Rerank call: the
+adapters' own `search(..., rerank_text=...)` (Qdrant) and `search(..., rerank=N)` (PostgreSQL)
+for "hybrid + rerank", `FernClient.rerank` for "hybrid_bm25 + rerank". No cross-encoder
+weights ship with Fern, so these rows run only with a checkpoint given.
 
 Each row reports nDCG@10 and recall@10 (one relevant passage a query, so nDCG@10 is the
 mean of 1 / log2(1 + rank) over queries whose passage ranks in the top 10).
@@ -138,18 +139,23 @@ def qdrant_runs(target: str, data: RetrievalSet, rerank: Reranker | None) -> dic
     try:
         client.setup_collection("docs")
         rows = [{"id": n, "pid": pid, "text": text} for n, (pid, text) in enumerate(data.passages)]
-        client.ingest("docs", rows, text="text", id="id", payload=["pid"], progress=False)
+        # The text travels in the payload only for the cross-encoder to read.
+        client.ingest("docs", rows, text="text", id="id", payload=["pid", "text"] if rerank else ["pid"],
+                      progress=False)
         runs: dict[str, list[list[str]]] = {"dense": [], "bm25": [], "hybrid": []}
+        if rerank:
+            runs["hybrid + rerank"] = []
         for _, query, _ in data.queries:
             runs["dense"].append([p.payload["pid"] for p in client.search("docs", query, K, hybrid=False)])
             emb = client.fern.embed([query], lane="online", prompt="query", sparse=True)
             hits = client.query_points("docs", query=qdrant_sparse(emb.sparse[0]), using="sparse",
                                        limit=K, with_payload=["pid"]).points
             runs["bm25"].append([p.payload["pid"] for p in hits])
-            depth = RERANK_DEPTH if rerank else K
-            runs["hybrid"].append([p.payload["pid"] for p in client.search("docs", query, depth)])
-        if rerank:
-            runs["hybrid + rerank"] = reranked(data, runs["hybrid"], rerank)
+            runs["hybrid"].append([p.payload["pid"] for p in client.search("docs", query, K, with_payload=["pid"])])
+            if rerank:
+                runs["hybrid + rerank"].append([p.payload["pid"] for p in client.search(
+                    "docs", query, K, rerank_text="text", rerank_top=RERANK_DEPTH, rerank_model=RERANK_NAME,
+                    with_payload=["pid"])])
         return runs
     finally:
         client.close()
@@ -201,6 +207,8 @@ def postgres_runs(target: str, data: RetrievalSet, rerank: Reranker | None) -> d
                                             "hybrid_fulltext": [], "hybrid_bm25": []}
         for rrf_k in EXTRA_RRF_K:
             runs[f"hybrid rrf_k={rrf_k}"] = []
+        if rerank:
+            runs["hybrid + rerank"] = []
         for _, query, _ in data.queries:
             dense = [h.row["id"] for h in search(conn, "docs", query, DEPTH, hybrid=False, client=fern)]
             runs["dense"].append(dense[:K])
@@ -222,8 +230,11 @@ def postgres_runs(target: str, data: RetrievalSet, rerank: Reranker | None) -> d
                 runs[f"hybrid rrf_k={rrf_k}"].append([h.row["id"] for h in search(
                     conn, "docs", query, depth, hybrid=True, client=fern, rrf_k=rrf_k)])
             runs["hybrid_bm25"].append(rrf(dense, bm25)[:depth])
+            if rerank:
+                runs["hybrid + rerank"].append([h.row["id"] for h in search(
+                    conn, "docs", query, K, hybrid=True, client=fern, rerank=RERANK_DEPTH,
+                    rerank_model=RERANK_NAME)])
         if rerank:
-            runs["hybrid + rerank"] = reranked(data, runs["hybrid"], rerank)
             runs["hybrid_bm25 + rerank"] = reranked(data, runs["hybrid_bm25"], rerank)
         return runs
 

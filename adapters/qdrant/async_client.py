@@ -18,7 +18,9 @@ from qdrant_client import AsyncQdrantClient, models
 from adapters.qdrant.client import QUERY_LANE, WRITE_LANE, FernQdrantMixin, with_fern_parameters
 from adapters.qdrant.collection import CollectionLayout, layout_from_config
 from adapters.qdrant.connection import FernConnection
-from adapters.qdrant.search import check_search, query_arguments, query_prompt, reranks
+from adapters.qdrant.ingest import TextSpec
+from adapters.qdrant.search import (candidates, check_search, documents_to_rerank, query_arguments, query_prompt,
+                                    reranked, reranks)
 from adapters.qdrant.documents import FERN_PREFIX
 from sidecar.client import AsyncFernClient, FernClient
 
@@ -100,17 +102,27 @@ class AsyncFernQdrantClient(FernQdrantMixin, AsyncQdrantClient):
                      model: str | None = None, prompt: str | None = None,
                      prefetch_limit: int | None = None,
                      with_payload: bool | list[str] = True,
-                     rerank: bool | None = None) -> list[models.ScoredPoint]:
-        """The `k` best points for `text` (see FernQdrantClient.search): one sidecar call, one query."""
+                     rerank: bool | None = None, rerank_text: TextSpec | None = None,
+                     rerank_top: int | None = None, rerank_model: str = "") -> list[models.ScoredPoint]:
+        """The `k` best points for `text` (see FernQdrantClient.search): one sidecar call, one query, and
+        with `rerank_text` one Rerank call."""
         layout = await self._layout(collection_name, model)
         rerank = reranks(layout, rerank)
-        check_search(collection_name, text, k, hybrid, layout, rerank)
+        check_search(collection_name, text, k, hybrid, layout, rerank, rerank_text, rerank_top, rerank_model)
         if prompt is None:
             prompt = query_prompt(await self.fern.model(layout.model))
         emb = await self.fern.embed([text], model=layout.model, lane=QUERY_LANE, prompt=prompt,
                                     sparse=hybrid, multivector=rerank)
-        arguments = query_arguments(emb, layout, k, filter, hybrid, prefetch_limit, with_payload, rerank)
-        return (await super().query_points(collection_name, **arguments)).points
+        if rerank_text is None:
+            arguments = query_arguments(emb, layout, k, filter, hybrid, prefetch_limit, with_payload, rerank)
+            return (await super().query_points(collection_name, **arguments)).points
+        arguments = query_arguments(emb, layout, candidates(k, rerank_top), filter, hybrid, prefetch_limit, True,
+                                    rerank)
+        points = (await super().query_points(collection_name, **arguments)).points
+        scored, texts = documents_to_rerank(points, rerank_text)
+        ranking = await self.fern.rerank(text, texts, model=rerank_model, top_n=k, lane=QUERY_LANE) \
+            if texts else None
+        return reranked(points, scored, ranking, k, with_payload)
 
     async def _layout(self, collection_name: str, model: str | None) -> CollectionLayout:
         config = (await self.get_collection(collection_name)).config

@@ -189,19 +189,29 @@ class FernQdrantClient(FernQdrantMixin, QdrantClient):
                filter: models.Filter | None = None, hybrid: bool = True, *,
                model: str | None = None, prompt: str | None = None,
                prefetch_limit: int | None = None,
-               with_payload: bool | list[str] = True, rerank: bool | None = None) -> list[models.ScoredPoint]:
+               with_payload: bool | list[str] = True, rerank: bool | None = None,
+               rerank_text: TextSpec | None = None, rerank_top: int | None = None,
+               rerank_model: str = "") -> list[models.ScoredPoint]:
         """The `k` best points for `text`: dense + sparse fused by RRF, or dense only; reranked by
         the multi-vector's MaxSim when the collection has one (rerank=False: not).
 
         The query is embedded with prompt "query": the model's query prompt where it defines
         one, and BM25's query form of the sparse vector.
+
+        With `rerank_text` (where a point's text is: a payload field, a template such as
+        "{title}\n\n{body}", or a callable(payload)), the best `rerank_top` points (default
+        max(4k, 20)) are rescored by a cross-encoder on the sidecar (`rerank_model`, "": its first
+        reranker) in one more call, and the best k come back in its order with its score:
+
+            qc.search("docs", "how often to water?", k=3, rerank_text="{title}\n\n{body}")
         """
         layout = self._layout(collection_name, model)
         if prompt is None:
             prompt = self._query_prompt(layout.model)
         return _search.search(self, self.fern, collection_name, text, k, filter, hybrid,
                               layout=layout, prompt=prompt, prefetch_limit=prefetch_limit,
-                              with_payload=with_payload, rerank=rerank)
+                              with_payload=with_payload, rerank=rerank, rerank_text=rerank_text,
+                              rerank_top=rerank_top, rerank_model=rerank_model)
 
     def _layout(self, collection_name: str, model: str | None) -> CollectionLayout:
         return self._with_model(_collection.collection_layout(self, collection_name), model)
