@@ -8,6 +8,17 @@ def test_generated_code_matches_proto():
     assert generate.main(["--check"]) == 0
 
 
+def test_the_stubs_grpcio_floor_is_the_one_the_package_asks_for():
+    import tomllib
+    from pathlib import Path
+
+    from sidecar.wire import embedder_pb2_grpc
+
+    project = tomllib.loads((Path(generate.__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    assert f"grpcio>={generate.GRPC_FLOOR}" in project["dependencies"]
+    assert embedder_pb2_grpc.GRPC_GENERATED_VERSION == generate.GRPC_FLOOR
+
+
 def test_descriptor_is_the_versioned_service():
     service = pb.DESCRIPTOR.services_by_name["Embedder"]
     assert service.full_name == "fern.v1.Embedder"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -11,6 +12,11 @@ PROTO_ROOT = Path(__file__).resolve().parents[2] / "protos"
 PROTO_FILE = "fern/v1/embedder.proto"
 WIRE_DIR = Path(__file__).resolve().parent
 GENERATED = ("embedder_pb2.py", "embedder_pb2.pyi", "embedder_pb2_grpc.py")
+# The generated stub refuses to import under a grpcio older than the version it names. protoc's
+# plugin names its own release; the committed code names this floor instead (the one pyproject.toml
+# asks for), so a newer grpcio-tools regenerates the same code and no user is refused for nothing.
+GRPC_FLOOR = "1.85.1"
+_STAMP = re.compile(r"^GRPC_GENERATED_VERSION = '[^']*'$", re.M)
 
 
 def generate() -> dict[str, str]:
@@ -30,8 +36,8 @@ def generate() -> dict[str, str]:
         gen_dir = Path(out) / "fern" / "v1"
         files = {name: (gen_dir / name).read_text() for name in GENERATED}
     # protoc writes absolute imports rooted at protos/; the package lives in sidecar.wire.
-    files["embedder_pb2_grpc.py"] = files["embedder_pb2_grpc.py"].replace(
-        "from fern.v1 import embedder_pb2", "from sidecar.wire import embedder_pb2")
+    stub = files["embedder_pb2_grpc.py"].replace("from fern.v1 import embedder_pb2", "from sidecar.wire import embedder_pb2")
+    files["embedder_pb2_grpc.py"] = _STAMP.sub(f"GRPC_GENERATED_VERSION = '{GRPC_FLOOR}'", stub, count=1)
     return files
 
 
