@@ -11,6 +11,10 @@ batch lane keeps its throughput.
     python -m benchmarks.lanes_e2e --device cpu --online-rate 5 --batch-clients 1 --batch-texts 16 \\
         --seconds 5 --rounds 1 --out benchmarks/results/cpu/lanes_e2e.json
     python -m benchmarks.lanes_e2e --device cuda --model DIR --out lanes.json
+
+`--stand-in US,NS` runs the same server with a stand-in forward pass (tools/profiling/stand_in.py:
+a step is ready US microseconds plus NS nanoseconds a token after it is launched) and the GPU's
+step budgets, so the process around the engine is measured on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import random
 import tempfile
 import time
@@ -27,6 +32,7 @@ from benchmarks.provenance import result_header
 from benchmarks.server import start_sidecar
 from benchmarks.stats import percentiles
 from benchmarks.texts import make_texts
+from sidecar.scheduler.config import SchedulerConfig
 
 
 def _tokenizer_path(model: str | None) -> Path:
@@ -108,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-seconds", type=float, default=3.0, help="untimed lead-in of each phase")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--serve-arg", action="append", default=[], help="more `fern serve` flags (repeatable)")
+    p.add_argument("--stand-in", default=None, metavar="US,NS",
+                   help="a stand-in forward pass ready US us + NS ns per token after launch (e.g. 100,100 for "
+                        "MiniLM on an H200), with the GPU's step budgets")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 
@@ -117,8 +126,18 @@ def main(argv: list[str] | None = None) -> int:
     per_phase = int(args.online_rate * args.seconds) + 1
     queries = make_texts(tokenizer, [args.online_tokens] * (per_phase * 2 * args.rounds + 200), seed=26)
     extra = [a for arg in args.serve_arg for a in arg.split()]
+    launcher: tuple[str, ...] = ("-m", "sidecar.cli")
+    if args.stand_in:
+        engine_us, ns_per_token = (float(x) for x in args.stand_in.split(","))
+        launcher = ("-m", "tools.profiling.stand_in", "--engine-us", str(engine_us),
+                    "--engine-ns-per-token", str(ns_per_token))
+        gpu = SchedulerConfig()  # the budgets a GPU engine gets (the CPU's are for a CPU forward pass)
+        extra = ["--max-step-tokens", str(gpu.max_step_tokens), "--online-step-tokens", str(gpu.online_step_tokens),
+                 "--max-step-sequences", str(gpu.max_step_sequences),
+                 "--max-queued-tokens-online", str(gpu.max_queued_tokens_online),
+                 "--max-queued-tokens-batch", str(gpu.max_queued_tokens_batch), *extra]
     served = start_sidecar(Path(args.model) if args.model else None, device=args.device, extra=extra,
-                           log_dir=Path(tempfile.mkdtemp(prefix="fern-lanes-")), name="lanes")
+                           log_dir=Path(tempfile.mkdtemp(prefix="fern-lanes-")), name="lanes", launcher=launcher)
     ctx = mp.get_context("spawn")
     go, stop = ctx.Event(), ctx.Event()
     windows, results = ctx.Queue(), ctx.Queue()
@@ -178,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         **result_header("benchmarks.lanes_e2e", argv),
         "server_command": " ".join(served.command), "seconds_to_serving": round(served.seconds_to_serving, 2),
-        "device": args.device,
+        "server_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("FERN_")},
+        "device": args.device if not args.stand_in else f"{args.device}, stand-in forward pass {args.stand_in}",
         "workload": {"online_rate_per_s": args.online_rate, "online_tokens": args.online_tokens,
                      "batch_clients": args.batch_clients, "batch_texts_per_request": args.batch_texts,
                      "batch_tokens": [args.batch_low, args.batch_high], "seconds": args.seconds,

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,12 +51,16 @@ def sidecar_available() -> str | None:
 
 
 def start_sidecar(model_dir: Path | None, *, device: str, extra: list[str] = (), log_dir: Path,
-                  timeout: float = 240.0, name: str = "bench") -> ServedSidecar:
-    """Run `python -m sidecar.cli serve` on a free port and wait until health says SERVING."""
+                  timeout: float = 240.0, name: str = "bench",
+                  launcher: Sequence[str] = ("-m", "sidecar.cli")) -> ServedSidecar:
+    """Run `python -m sidecar.cli serve` on a free port and wait until health says SERVING.
+
+    `launcher`: what python runs before `serve` and its flags (tools.profiling.stand_in: the same
+    server with a stand-in forward pass)."""
     from sidecar.client import FernClient
 
     port = free_port()
-    command = [sys.executable, "-m", "sidecar.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+    command = [sys.executable, *launcher, "serve", "--host", "127.0.0.1", "--port", str(port),
                "--device", device, *extra]
     if model_dir is not None:
         command += ["--model", str(model_dir)]

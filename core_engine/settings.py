@@ -142,12 +142,16 @@ class SidecarConfig:
     callbacks before a thread waits for it (0: the engine's thread collects it).
     `token_memo_chunks`: entries of the tokenizer's chunk memo (0 turns it off).
     `tokenizer_rust_threads`: threads of the `tokenizers` library's Rust pool (None: one per core).
+    `gil_switch_interval_s`: how long a thread that holds the GIL runs before one waiting for it
+    (the event loop with a query, while the engine's thread packs a bulk step) takes it over;
+    None leaves Python's own (5 ms).
     """
 
     launch_on_arrival: bool = True
     online_poll_s: float = 0.020
     token_memo_chunks: int = 1 << 15
     tokenizer_rust_threads: int | None = None
+    gil_switch_interval_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.online_poll_s < 0:
@@ -156,15 +160,18 @@ class SidecarConfig:
             raise ValueError(f"token_memo_chunks must be >= 0, got {self.token_memo_chunks}")
         if self.tokenizer_rust_threads is not None and self.tokenizer_rust_threads < 1:
             raise ValueError(f"tokenizer_rust_threads must be >= 1, got {self.tokenizer_rust_threads}")
+        if self.gil_switch_interval_s is not None and not self.gil_switch_interval_s > 0:
+            raise ValueError(f"gil_switch_interval_s must be > 0, got {self.gil_switch_interval_s}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "SidecarConfig":
-        """FERN_LAUNCH_ON_ARRIVAL, FERN_ONLINE_POLL_MS, FERN_TOKEN_MEMO_CHUNKS and Rayon's own
-        RAYON_NUM_THREADS (the tokenizers' Rust pool) over the defaults."""
+        """FERN_LAUNCH_ON_ARRIVAL, FERN_ONLINE_POLL_MS, FERN_TOKEN_MEMO_CHUNKS, FERN_GIL_SWITCH_MS and Rayon's
+        own RAYON_NUM_THREADS (the tokenizers' Rust pool) over the defaults."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {"launch_on_arrival": _flag(env, "FERN_LAUNCH_ON_ARRIVAL", True)}
         for name, key, scale in (("FERN_ONLINE_POLL_MS", "online_poll_s", 1e-3),
                                  ("FERN_TOKEN_MEMO_CHUNKS", "token_memo_chunks", None),
+                                 ("FERN_GIL_SWITCH_MS", "gil_switch_interval_s", 1e-3),
                                  ("RAYON_NUM_THREADS", "tokenizer_rust_threads", None)):
             raw = env.get(name)
             if raw is None or raw.strip() == "":

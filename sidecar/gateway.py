@@ -191,6 +191,8 @@ class Gateway:
         sparse_ids = None
         language = self._sparse_language(params)
         if len(texts):
+            # Once: a protobuf repeated string field decodes a new str at every access.
+            texts = list(texts)
             for i, text in enumerate(texts):
                 if not text:
                     raise invalid_argument(f"texts[{i}]: empty text", i)

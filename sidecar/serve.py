@@ -142,6 +142,12 @@ def settle_heap() -> int:
     return gc.get_freeze_count()
 
 
+def set_switch_interval(settings: SidecarConfig) -> None:
+    """The GIL switch interval `settings` asks for (FERN_GIL_SWITCH_MS); Python's own where it asks for none."""
+    if settings.gil_switch_interval_s is not None:
+        sys.setswitchinterval(settings.gil_switch_interval_s)
+
+
 def door_security(args: argparse.Namespace) -> DoorSecurity:
     """TLS settings, tokens and the failed-auth limiter from `fern serve`'s flags, shared by every door."""
     from sidecar.security import DoorSecurity, ServerTls, TlsSettings, TokenSet
@@ -267,6 +273,9 @@ async def run_sidecar(args: argparse.Namespace,
     except (ValueError, OSError) as error:  # a bad --model, --device, or knob: say which
         raise SystemExit(f"fern: {error}") from None
     frozen = settle_heap()
+    from core_engine.settings import SidecarConfig
+
+    set_switch_interval(SidecarConfig.from_env())
     sidecar = Sidecar(registry, host=args.host, port=args.port, tokens=security.tokens,
                       tls=security.tls, limiter=security.limiter, max_inputs=args.max_request_inputs,
                       sparse_language=sparse_language, max_connection_age_s=args.max_connection_age or None,

@@ -234,3 +234,20 @@ def test_serving_switches_reach_the_scheduler_and_the_tokenizer_memo(monkeypatch
     assert _scheduler_config(args, SidecarConfig())("cuda").online_poll_s == 0.020
     with pytest.raises(ValueError, match="FERN_ONLINE_POLL_MS='soon': not a number"):
         SidecarConfig.from_env({"FERN_ONLINE_POLL_MS": "soon"})
+
+
+def test_the_gil_switch_interval_is_python_s_own_unless_asked(monkeypatch):
+    import sys
+
+    from core_engine.settings import SidecarConfig
+    from sidecar.serve import set_switch_interval
+
+    assert SidecarConfig.from_env({}).gil_switch_interval_s is None
+    assert SidecarConfig.from_env({"FERN_GIL_SWITCH_MS": "0.5"}).gil_switch_interval_s == pytest.approx(0.0005)
+    with pytest.raises(ValueError, match="gil_switch_interval_s must be > 0, got 0.0"):
+        SidecarConfig.from_env({"FERN_GIL_SWITCH_MS": "0"})
+    monkeypatch.setattr(sys, "setswitchinterval", lambda seconds: set_to.append(seconds))
+    set_to: list[float] = []
+    set_switch_interval(SidecarConfig())
+    set_switch_interval(SidecarConfig(gil_switch_interval_s=0.0005))
+    assert set_to == [0.0005]

@@ -179,13 +179,14 @@ class _ReadyAt:
         return self._rows
 
 
-def _stand_in_forward(engine, seconds: float) -> None:
-    """Make `engine.step` return at once with a handle ready `seconds` later (prepare stays real)."""
+def _stand_in_forward(engine, seconds: float, per_token: float = 0.0) -> None:
+    """Make `engine.step` return at once with a handle ready `seconds` (+ `per_token` seconds for each of the
+    step's tokens) later, as a GPU step's event is; prepare stays real."""
     dimensions = engine.spec.dimensions
 
     def step(batch):
         rows = np.zeros((batch.num_seqs, dimensions), dtype=np.float32)
-        return _ReadyAt(rows, time.perf_counter() + seconds)
+        return _ReadyAt(rows, time.perf_counter() + seconds + per_token * batch.num_tokens)
 
     engine.step = step
     engine.replays = lambda batch: True  # its step() is a cheap launch, as a graph replay is
@@ -277,15 +278,19 @@ async def stand_in_registry(model: str | None, device: str, engine_us: int):
 
     registry = await asyncio.to_thread(Registry.load, [ModelSource(Path(model) if model else None)],
                                        device=device, settings=SidecarConfig.from_env())
-    if not engine_us:
-        return registry
-    from sidecar.registry import ServedModel
+    return with_stand_in(registry, engine_us) if engine_us else registry
+
+
+def with_stand_in(registry, engine_us: float, engine_ns_per_token: float = 0.0):
+    """`registry` with every engine's forward pass the stand-in: ready `engine_us` + `engine_ns_per_token`
+    per token after step(), and schedulers that collect it as they collect a CUDA engine's steps."""
+    from sidecar.registry import Registry, ServedModel
     from sidecar.scheduler import Scheduler
 
     models = []
     for served in registry:
         for engine in served.engines:
-            _stand_in_forward(engine, engine_us / 1e6)
+            _stand_in_forward(engine, engine_us / 1e6, engine_ns_per_token / 1e9)
         # The stand-in's step() returns before its result is ready, as a GPU step does: its
         # scheduler is built over engines that say so, as it would be over CUDA engines.
         engines = [_AsyncStandIn(engine) for engine in served.engines]

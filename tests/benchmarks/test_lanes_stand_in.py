@@ -1,0 +1,51 @@
+"""`benchmarks.lanes_e2e --stand-in`: the lanes through `fern serve` itself, its forward pass a stand-in ready after a set time."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from benchmarks import lanes_e2e
+from benchmarks.server import start_sidecar
+from sidecar.client import FernClient
+from sidecar.scheduler.config import SchedulerConfig
+
+STAND_IN = ("-m", "tools.profiling.stand_in", "--engine-us", "20000", "--engine-ns-per-token", "0")
+
+
+def test_the_stand_in_is_fern_serve_with_steps_ready_after_the_set_time(tmp_path):
+    served = start_sidecar(None, device="cpu", extra=["--max-step-tokens", "8192"], log_dir=tmp_path,
+                           launcher=STAND_IN)
+    try:
+        with FernClient(served.target, timeout=60) as client:
+            assert client.model().name == "all-MiniLM-L6-v2"  # the real registry, doors and gateway
+            started = time.perf_counter()
+            out = client.embed(["a query about ferns"])
+            took = time.perf_counter() - started
+            # The stand-in's rows are zeros; normalizing leaves them so, whatever the text.
+            assert out.vectors.shape == (1, 384) and not np.any(out.vectors)
+            assert out.token_counts[0] >= 6  # tokenized for real: [CLS] a query about fern(s) [SEP]
+        assert took >= 0.020  # not answered before its step was "done"
+    finally:
+        served.stop()
+    assert "fern: serving all-MiniLM-L6-v2" in served.log_path.read_text()
+
+
+@pytest.mark.slow
+def test_lanes_e2e_with_a_stand_in_runs_every_phase_with_the_gpu_budgets(tmp_path):
+    out = tmp_path / "lanes.json"
+    assert lanes_e2e.main(["--stand-in", "100,100", "--online-rate", "20", "--batch-clients", "1",
+                           "--batch-texts", "8", "--seconds", "1", "--warmup-seconds", "0.5", "--rounds", "1",
+                           "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    gpu = SchedulerConfig()
+    assert "tools.profiling.stand_in --engine-us 100.0 --engine-ns-per-token 100.0 serve" in result["server_command"]
+    assert f"--max-step-tokens {gpu.max_step_tokens} --online-step-tokens {gpu.online_step_tokens}" in \
+        result["server_command"]
+    assert result["device"] == "cpu, stand-in forward pass 100,100"
+    (round_,) = result["rounds"]
+    assert round_["online_alone"]["latency"]["n"] == 20 and round_["mixed"]["online"]["latency"]["n"] == 20
+    assert round_["batch_alone"]["tokens_per_s"] > 0 and round_["mixed"]["batch"]["tokens_per_s"] > 0
