@@ -142,6 +142,23 @@ def settle_heap() -> int:
     return gc.get_freeze_count()
 
 
+# The engines' start-up parts (Engine.startup_seconds) as the start-up line names them.
+_STARTUP_PARTS = {"weights": "weights", "compile": "compile", "choose_attention": "attention choice",
+                  "prewarm": "graph pre-warm"}
+
+
+def models_split(registry: Registry) -> str:
+    """What loading the models waited for, summed over every engine (they load one after another):
+    " (weights 0.5 s, compile 121.3 s, ...)", the parts of a tenth of a second or more; "" when none is."""
+    totals = dict.fromkeys(_STARTUP_PARTS, 0.0)
+    for served in registry:
+        for engine in served.engines:
+            for part in totals:
+                totals[part] += getattr(engine, "startup_seconds", {}).get(part, 0.0)
+    shown = [f"{_STARTUP_PARTS[part]} {seconds:.1f} s" for part, seconds in totals.items() if seconds >= 0.05]
+    return f" ({', '.join(shown)})" if shown else ""
+
+
 def set_switch_interval(settings: SidecarConfig) -> None:
     """The GIL switch interval `settings` asks for (FERN_GIL_SWITCH_MS); Python's own where it asks for none."""
     if settings.gil_switch_interval_s is not None:
@@ -345,8 +362,8 @@ async def run_sidecar(args: argparse.Namespace,
     later = (f"; compiling {', '.join(compiling)} in the background, served uncompiled until then "
              "(metric fern_engine_compiled)") if compiling else ""
     print(f"fern: serving {names} on {sidecar.target} ({devices}; {time.monotonic() - _STARTED:.1f} s after "
-          f"start: imports {timings['imports']:.1f} s, models {timings['models']:.1f} s; {frozen:,} start-up "
-          f"objects frozen out of the garbage collector{later})", file=sys.stderr, flush=True)
+          f"start: imports {timings['imports']:.1f} s, models {timings['models']:.1f} s{models_split(registry)}; "
+          f"{frozen:,} start-up objects frozen out of the garbage collector{later})", file=sys.stderr, flush=True)
     for extra in sidecar.extras:
         if hasattr(extra, "port"):
             print(f"fern: Postgres endpoint on {extra.host}:{extra.port}", file=sys.stderr, flush=True)

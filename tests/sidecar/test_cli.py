@@ -210,14 +210,32 @@ def test_serve_refuses_a_port_out_of_range_before_loading_anything(fern_cmd, fla
 
 
 def test_serve_says_where_start_up_went(sidecar_process):
-    # "fern: serving M on H:P (cpu; 4.1 s after start: imports 2.3 s, models 1.5 s; 174,202 start-up
-    # objects frozen out of the garbage collector)"
+    # "fern: serving M on H:P (cpu; 4.1 s after start: imports 2.3 s, models 1.5 s (weights 0.3 s); 174,202
+    # start-up objects frozen out of the garbage collector)"
     line = next(line for line in sidecar_process.log().splitlines() if line.startswith("fern: serving "))
-    match = re.search(r"; (\d+\.\d) s after start: imports (\d+\.\d) s, models (\d+\.\d) s; [\d,]+ start-up", line)
+    match = re.search(r"; (\d+\.\d) s after start: imports (\d+\.\d) s, models (\d+\.\d) s(?: \(([^)]*)\))?; "
+                      r"[\d,]+ start-up", line)
     assert match, line
-    total, imports, models = map(float, match.groups())
+    total, imports, models = map(float, match.groups()[:3])
     assert imports > 0 and models >= 0  # importing torch alone takes a noticeable time
     assert imports + models <= total + 0.1
+    split = dict(re.fullmatch(r"(.+) (\d+\.\d) s", part).groups() for part in (match[4] or "").split(", ") if part)
+    assert set(split) <= {"weights", "compile", "attention choice", "graph pre-warm"}
+    assert sum(map(float, split.values())) <= models + 0.2
+
+
+def test_the_start_up_line_splits_the_models_time_by_what_the_engines_waited_for():
+    import types
+
+    from sidecar.serve import models_split
+
+    def engine(**seconds):
+        return types.SimpleNamespace(startup_seconds={"attention": 3.0, **seconds})
+
+    registry = [types.SimpleNamespace(engines=[engine(weights=0.5, compile=120.26, choose_attention=2.0, prewarm=0.01),
+                                               engine(weights=0.4, compile=0.0, choose_attention=1.0, prewarm=0.0)])]
+    assert models_split(registry) == " (weights 0.9 s, compile 120.3 s, attention choice 3.0 s)"
+    assert models_split([types.SimpleNamespace(engines=[engine()])]) == ""
 
 
 def test_serving_switches_reach_the_scheduler_and_the_tokenizer_memo(monkeypatch):
