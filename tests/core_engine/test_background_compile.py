@@ -8,6 +8,7 @@ uncompiled model, so every vector is checked for equality with a plain engine's.
 from __future__ import annotations
 
 import logging
+import shutil
 
 import numpy as np
 import pytest
@@ -77,3 +78,21 @@ def test_waiting_engines_are_compiled_when_built_and_plain_ones_never_compile() 
 def test_the_switch_comes_from_the_environment() -> None:
     assert EngineConfig.from_env({"FERN_COMPILE_IN_BACKGROUND": "1"}).compile_in_background
     assert not EngineConfig.from_env({}).compile_in_background
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                    reason="torch.compile's inductor backend builds C++ on the CPU; no compiler here")
+def test_inductor_compiles_in_the_background_while_the_caller_keeps_stepping(reference: np.ndarray) -> None:
+    """The real compiler (Dynamo and Inductor, C++ kernels on the CPU) in its thread while this one steps the
+    uncompiled model on the same weights: every step's vectors stay right, and the compiled ones after."""
+    engine = background_engine(backend="inductor")
+    during = []
+    while engine.compiling and len(during) < 10_000:
+        during.append(engine.embed(SEQUENCES))
+    assert engine.wait_compiled(timeout=600)
+    assert engine.compiled and engine.compile_error is None
+    assert during  # it served while compiling
+    for vectors in during:
+        np.testing.assert_array_equal(vectors, reference)
+    np.testing.assert_allclose(engine.embed(SEQUENCES), reference, atol=1e-5)
