@@ -143,13 +143,14 @@ def settle_heap() -> int:
 
 
 # The engines' start-up parts (Engine.startup_seconds) as the start-up line names them.
-_STARTUP_PARTS = {"weights": "weights", "compile": "compile", "choose_attention": "attention choice",
-                  "prewarm": "graph pre-warm"}
+_STARTUP_PARTS = {"attention": "attention backends", "weights": "weights", "compile": "compile",
+                  "choose_attention": "attention choice", "prewarm": "graph pre-warm"}
 
 
 def models_split(registry: Registry) -> str:
     """What loading the models waited for, summed over every engine (they load one after another):
-    " (weights 0.5 s, compile 121.3 s, ...)", the parts of a tenth of a second or more; "" when none is."""
+    " (weights 0.5 s, compile 121.3 s, ...)", the parts of a tenth of a second or more ("attention
+    backends" is importing them: FlashInfer, torch._dynamo); "" when none is."""
     totals = dict.fromkeys(_STARTUP_PARTS, 0.0)
     for served in registry:
         for engine in served.engines:
@@ -248,6 +249,7 @@ def _unix_sockets(args: argparse.Namespace) -> dict:
 async def run_sidecar(args: argparse.Namespace,
                       after_start: Callable[[str], object] | None = None) -> int:
     """Load the models, serve until SIGTERM/SIGINT (or until `after_start` returns False), drain."""
+    from core_engine.settings import SidecarConfig
     from sidecar.server import Sidecar
 
     security = door_security(args)
@@ -290,8 +292,6 @@ async def run_sidecar(args: argparse.Namespace,
     except (ValueError, OSError) as error:  # a bad --model, --device, or knob: say which
         raise SystemExit(f"fern: {error}") from None
     frozen = settle_heap()
-    from core_engine.settings import SidecarConfig
-
     set_switch_interval(SidecarConfig.from_env())
     sidecar = Sidecar(registry, host=args.host, port=args.port, tokens=security.tokens,
                       tls=security.tls, limiter=security.limiter, max_inputs=args.max_request_inputs,

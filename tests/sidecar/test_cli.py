@@ -220,7 +220,7 @@ def test_serve_says_where_start_up_went(sidecar_process):
     assert imports > 0 and models >= 0  # importing torch alone takes a noticeable time
     assert imports + models <= total + 0.1
     split = dict(re.fullmatch(r"(.+) (\d+\.\d) s", part).groups() for part in (match[4] or "").split(", ") if part)
-    assert set(split) <= {"weights", "compile", "attention choice", "graph pre-warm"}
+    assert set(split) <= {"attention backends", "weights", "compile", "attention choice", "graph pre-warm"}
     assert sum(map(float, split.values())) <= models + 0.2
 
 
@@ -230,12 +230,12 @@ def test_the_start_up_line_splits_the_models_time_by_what_the_engines_waited_for
     from sidecar.serve import models_split
 
     def engine(**seconds):
-        return types.SimpleNamespace(startup_seconds={"attention": 3.0, **seconds})
+        return types.SimpleNamespace(startup_seconds={"attention": 3.0, **seconds})  # importing the backends
 
     registry = [types.SimpleNamespace(engines=[engine(weights=0.5, compile=120.26, choose_attention=2.0, prewarm=0.01),
                                                engine(weights=0.4, compile=0.0, choose_attention=1.0, prewarm=0.0)])]
-    assert models_split(registry) == " (weights 0.9 s, compile 120.3 s, attention choice 3.0 s)"
-    assert models_split([types.SimpleNamespace(engines=[engine()])]) == ""
+    assert models_split(registry) == " (attention backends 6.0 s, weights 0.9 s, compile 120.3 s, attention choice 3.0 s)"
+    assert models_split([types.SimpleNamespace(engines=[types.SimpleNamespace(startup_seconds={"weights": 0.01})])]) == ""
 
 
 def test_serving_switches_reach_the_scheduler_and_the_tokenizer_memo(monkeypatch):
