@@ -43,6 +43,9 @@ def _tokenizer_path(model: str | None) -> Path:
     return Path(model) / "tokenizer.json"
 
 
+READY = "ready"
+
+
 def _batch_client(target: str, tokenizer: str, seed: int, texts: int, low: int, high: int,
                   go: "mp.synchronize.Event", stop: "mp.synchronize.Event", windows: "mp.Queue",
                   results: "mp.Queue") -> None:
@@ -50,13 +53,16 @@ def _batch_client(target: str, tokenizer: str, seed: int, texts: int, low: int, 
 
     `windows` brings (start, end) wall-clock windows; for each, the tokens of requests that
     completed inside it are reported. A unique counter in front of each pooled text keeps
-    every text new to the server (its tokenizer memo and any cache)."""
+    every text new to the server (its tokenizer memo and any cache). It says READY on `results`
+    once its texts are made and its channel is up, so no window starts before it can send."""
     from sidecar.client import FernClient
 
     rng = random.Random(seed)
     pool = make_texts(tokenizer, [rng.randint(low, high - 4) for _ in range(4 * texts)], seed=seed)
     counter = seed * 10_000_000
     with FernClient(target, timeout=600) as client:
+        client.wait_ready()
+        results.put(READY)
         while not stop.is_set():
             if not go.wait(timeout=0.1):
                 continue
@@ -147,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
                for k in range(args.batch_clients)]
     for w in workers:
         w.start()
+    for _ in workers:
+        if results.get(timeout=600) != READY:
+            raise RuntimeError("lanes_e2e: a batch client reported before it was ready")
 
     def batch_window(online=None) -> tuple[dict, dict | None]:
         start = time.time() + args.warmup_seconds
