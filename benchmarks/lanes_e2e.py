@@ -33,6 +33,7 @@ from benchmarks.server import start_sidecar
 from benchmarks.stats import percentiles
 from benchmarks.texts import make_texts
 from sidecar.scheduler.config import SchedulerConfig
+from sidecar.serve import SCHEDULER_KNOBS
 
 
 def _tokenizer_path(model: str | None) -> Path:
@@ -138,10 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         launcher = ("-m", "tools.profiling.stand_in", "--engine-us", str(engine_us),
                     "--engine-ns-per-token", str(ns_per_token))
         gpu = SchedulerConfig()  # the budgets a GPU engine gets (the CPU's are for a CPU forward pass)
-        extra = ["--max-step-tokens", str(gpu.max_step_tokens), "--online-step-tokens", str(gpu.online_step_tokens),
-                 "--max-step-sequences", str(gpu.max_step_sequences),
-                 "--max-queued-tokens-online", str(gpu.max_queued_tokens_online),
-                 "--max-queued-tokens-batch", str(gpu.max_queued_tokens_batch), *extra]
+        budgets = [str(a) for flag, field in SCHEDULER_KNOBS.items() for a in (f"--{flag}", getattr(gpu, field))]
+        extra = [*budgets, *extra]
     served = start_sidecar(Path(args.model) if args.model else None, device=args.device, extra=extra,
                            log_dir=Path(tempfile.mkdtemp(prefix="fern-lanes-")), name="lanes", launcher=launcher)
     ctx = mp.get_context("spawn")

@@ -221,15 +221,15 @@ def postgres_runs(target: str, data: RetrievalSet, rerank: Reranker | None) -> d
                     (SparseVector(weights, SPARSEVEC_DIM), DEPTH)).fetchall()]
             runs["bm25"].append(bm25[:K])
             runs["fulltext"].append([r[0] for r in conn.execute(fts, ("english", query, K)).fetchall()])
-            depth = RERANK_DEPTH if rerank else K
-            runs["hybrid"].append([h.row["id"] for h in search(conn, "docs", query, depth, hybrid=True,
+            runs["hybrid"].append([h.row["id"] for h in search(conn, "docs", query, K, hybrid=True,
                                                                client=fern)])
             runs["hybrid_fulltext"].append([h.row["id"] for h in search(
-                conn, "docs", query, depth, hybrid=True, lexical="fulltext", client=fern)])
+                conn, "docs", query, K, hybrid=True, lexical="fulltext", client=fern)])
             for rrf_k in EXTRA_RRF_K:
                 runs[f"hybrid rrf_k={rrf_k}"].append([h.row["id"] for h in search(
-                    conn, "docs", query, depth, hybrid=True, client=fern, rrf_k=rrf_k)])
-            runs["hybrid_bm25"].append(rrf(dense, bm25)[:depth])
+                    conn, "docs", query, K, hybrid=True, client=fern, rrf_k=rrf_k)])
+            # RERANK_DEPTH deep when "hybrid_bm25 + rerank" reorders it; scored on its first K either way.
+            runs["hybrid_bm25"].append(rrf(dense, bm25)[:RERANK_DEPTH if rerank else K])
             if rerank:
                 runs["hybrid + rerank"].append([h.row["id"] for h in search(
                     conn, "docs", query, K, hybrid=True, client=fern, rerank=RERANK_DEPTH,
