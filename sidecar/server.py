@@ -31,8 +31,8 @@ from grpc_reflection.v1alpha import reflection
 from core_engine.config import ModelSpec
 from sidecar import balancing, encodings, unixsocket
 from sidecar.errors import INPUT_INDEX_KEY, EmbedError, invalid_argument, unavailable
-from sidecar.gateway import (LOOP_ROWS, MAX_INPUTS, EmbedParams, EmbedResult, Gateway, RerankParams,
-                             RerankResult)
+from sidecar.gateway import (DRAINING, LOOP_ROWS, MAX_INPUTS, EmbedParams, EmbedResult, Gateway,
+                             RerankParams, RerankResult)
 from sidecar.lexical import DEFAULT_LANGUAGE
 from sidecar.registry import Registry
 from sidecar.requestlog import RequestLogInterceptor
@@ -331,6 +331,8 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             return False
 
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
+        if self._draining.is_set():
+            await _refuse_draining(context)
         # The hot path of a query: tracked inline rather than through _tracked()'s generator.
         self._active += 1
         self._idle.clear()
@@ -365,6 +367,8 @@ class EmbedderService(pb_grpc.EmbedderServicer):
         most `stream_window` requests may be read and not yet answered, so a client that
         reads its responses slowly cannot make the server hold results without bound.
         """
+        if self._draining.is_set():
+            await _refuse_draining(context)
         with self._tracked():
             deadline = _deadline(context)
             window = asyncio.Semaphore(self.stream_window)
@@ -461,6 +465,8 @@ class EmbedderService(pb_grpc.EmbedderServicer):
                                      default_model=self.gateway.default_model)
 
     async def Rerank(self, request: pb.RerankRequest, context: grpc.aio.ServicerContext) -> pb.RerankResponse:
+        if self._draining.is_set():
+            await _refuse_draining(context)
         with self._tracked():
             try:
                 if isinstance(request, Undecodable):
@@ -513,6 +519,12 @@ def _gone(error: EmbedError | None) -> asyncio.CancelledError:
         log.debug("call ended (cancelled, or its deadline passed) before its status was sent: %s %s",
                   error.code.name, error.message)
     return asyncio.CancelledError()
+
+
+async def _refuse_draining(context: grpc.aio.ServicerContext) -> None:
+    """UNAVAILABLE for a call that arrives during the drain, before it counts as a call in flight:
+    clients that retry against this replica cannot hold its drain open."""
+    await _abort(context, unavailable(DRAINING))
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: EmbedError) -> None:
@@ -716,16 +728,20 @@ class Sidecar:
         # Extras first: the Postgres worker finishes its batch while gRPC still takes it.
         for extra in reversed(self.extras):
             await extra.stop()
+        loop = asyncio.get_running_loop()
+        drain_ends = loop.time() + grace
         self.service.begin_drain()
         if self._server is not None:
-            # gRPC's own shutdown: new calls are refused (clients retry them elsewhere), and every
-            # call it has accepted gets `grace` to finish, including those not yet in a handler
-            # (held by the auth back-off, or with a body still arriving), which the service's own
-            # count cannot see. Calls still running after it are cancelled, dropping queued work.
-            shutdown = asyncio.ensure_future(self._server.stop(grace))
+            # The server keeps taking calls while those in flight finish, so that a new call reaches
+            # a handler and is refused with UNAVAILABLE, which clients retry elsewhere: once gRPC's
+            # own shutdown has begun, it cancels a call that arrives on an open connection, and a
+            # bare CANCELLED is not retried.
             if not await self.service.wait_idle(grace):
                 log.warning("calls still running after %.1fs of drain; cancelling them", grace)
-            await shutdown
+            # What is left of `grace` goes to calls gRPC has accepted that are not yet in a handler
+            # (held by the auth back-off, or with a body still arriving), which the service's own
+            # count cannot see. Calls still running after it are cancelled, dropping queued work.
+            await self._server.stop(max(0.0, drain_ends - loop.time()))
         if self.unix_socket is not None:
             unixsocket.remove(self.unix_socket.path, self._socket_inode)
         await self.registry.drain()

@@ -1,7 +1,11 @@
-"""A sidecar with a token and tiny queues: auth, RESOURCE_EXHAUSTED, stream flow control, SIGTERM drain."""
+"""A sidecar with a token and tiny queues: auth, RESOURCE_EXHAUSTED, stream flow control, SIGTERM drain.
+
+The drain is also pinned in process, where the test holds a call in flight for as long as it needs.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import socket
@@ -11,9 +15,14 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import grpc.aio
 import pytest
 
 from sidecar.client import FernClient, FernError
+from sidecar.errors import unavailable
+from sidecar.gateway import DRAINING
+from sidecar.registry import ModelSource, Registry
+from sidecar.server import EmbedderService, Sidecar
 from sidecar.wire import embedder_pb2 as pb
 from sidecar.wire import embedder_pb2_grpc as pb_grpc
 
@@ -202,6 +211,116 @@ def test_deadlines_and_cancels_drop_queued_work_then_sigterm_drains(sidecar_fact
     # its cancel first: either way the request is dropped (test_scheduler.py pins which it counts as).
     assert batch_cancelled + batch_expired == 2 and batch_cancelled >= 1, counts.group(0)
     assert tokens == (10 + in_flight) * 256, counts.group(0)
+
+
+@pytest.fixture
+def registry():
+    """A fresh registry per test: stopping a Sidecar drains its schedulers for good."""
+    return Registry.load([ModelSource(None)], device="cpu", tokenizer_workers=1)
+
+
+def test_a_new_call_during_the_drain_is_refused_with_unavailable_not_cancelled(registry):
+    """While stop() waits for a call in flight, a new call reaches the sidecar's handler and is told
+    UNAVAILABLE, naming the drain (clients retry it elsewhere), on an open connection and on a new one.
+
+    gRPC's own shutdown cancels a call that arrives on an open connection (CANCELLED, not retried)
+    and refuses new connections, so it must not begin before the calls in flight are done.
+    """
+    async def main():
+        sidecar = Sidecar(registry, port=0)
+        await sidecar.start()
+        entered, release = asyncio.Event(), asyncio.Event()
+        embed = sidecar.gateway.embed
+
+        async def held_embed(params):
+            if list(params.texts) != ["held"]:
+                return await embed(params)
+            prepared = await sidecar.gateway.prepare(params)  # accepted before the drain began
+            entered.set()
+            await release.wait()
+            return await sidecar.gateway.execute(prepared)
+
+        sidecar.gateway.embed = held_embed
+        refusals = []
+        async with grpc.aio.insecure_channel(sidecar.target) as open_channel, \
+                grpc.aio.insecure_channel(sidecar.target) as new_channel:
+            stub = pb_grpc.EmbedderStub(open_channel)
+            await stub.ListModels(pb.ListModelsRequest(), timeout=30)  # the connection is open
+            held = asyncio.ensure_future(stub.Embed(pb.EmbedRequest(texts=["held"]), timeout=60))
+            await asyncio.wait_for(entered.wait(), 30)
+            stopping = asyncio.create_task(sidecar.stop(grace=60))
+            try:
+                while not sidecar.gateway.draining:
+                    await asyncio.sleep(0.01)
+                for channel in (open_channel, new_channel):
+                    try:
+                        await pb_grpc.EmbedderStub(channel).Embed(pb.EmbedRequest(texts=["new call"]), timeout=30)
+                        refusals.append(None)
+                    except grpc.aio.AioRpcError as error:
+                        refusals.append((error.code(), error.details()))
+            finally:
+                release.set()
+            response = await asyncio.wait_for(held, 60)
+            await asyncio.wait_for(stopping, 60)
+        return refusals, response
+
+    refusals, response = asyncio.run(main())
+    for refusal in refusals:
+        assert refusal is not None and refusal[0] == grpc.StatusCode.UNAVAILABLE, refusals
+        assert "draining for shutdown" in refusal[1], refusals
+    assert (response.count, response.dimensions) == (1, 384)  # the call in flight was answered
+
+
+class _DrainingGateway:
+    """Refuses work as a draining Gateway does."""
+
+    draining = False
+
+    async def embed(self, params):
+        raise unavailable(DRAINING)
+
+    async def rerank(self, params):
+        raise unavailable(DRAINING)
+
+
+class _RefusedContext:
+    """Just enough of a grpc.aio.ServicerContext to see whether a refused call counted as in flight."""
+
+    def __init__(self, service: EmbedderService) -> None:
+        self.service = service
+        self.aborted = None
+
+    def time_remaining(self) -> None:
+        return None
+
+    def cancelled(self) -> bool:
+        return False
+
+    async def abort(self, code, details, trailing_metadata=()):
+        self.aborted = (code, details, await self.service.wait_idle(0))
+        raise grpc.aio.AbortError()  # what a real context.abort raises
+
+
+@pytest.mark.parametrize("method", ["Embed", "EmbedStream", "Rerank"])
+def test_a_call_refused_during_the_drain_does_not_count_as_in_flight(method):
+    """Otherwise clients retrying against a draining replica could hold its drain open until the grace ran out."""
+    async def main():
+        service = EmbedderService(gateway=_DrainingGateway())
+        service.begin_drain()
+        context = _RefusedContext(service)
+
+        async def requests():
+            yield pb.EmbedRequest(texts=["x"])
+
+        request = {"Embed": pb.EmbedRequest(texts=["x"]), "EmbedStream": requests(),
+                   "Rerank": pb.RerankRequest(query="q", documents=["d"])}[method]
+        with pytest.raises(grpc.aio.AbortError):
+            await getattr(service, method)(request, context)
+        return context.aborted
+
+    code, details, idle = asyncio.run(main())
+    assert code == grpc.StatusCode.UNAVAILABLE and "draining for shutdown" in details
+    assert idle, "the refused call was counted as a call in flight"
 
 
 def test_an_ipv6_host_is_bound_and_served(sidecar_factory):
