@@ -15,6 +15,11 @@ batch lane keeps its throughput.
 `--stand-in US,NS` runs the same server with a stand-in forward pass (tools/profiling/stand_in.py:
 a step is ready US microseconds plus NS nanoseconds a token after it is launched) and the GPU's
 step budgets, so the process around the engine is measured on a machine without a GPU.
+
+`--py-spy DIR` (py-spy on PATH) records the server through the last round's batch-alone and
+mixed windows: which threads run and which hold the GIL, as collapsed stacks that
+`python -m tools.profiling.collapsed FILE` sums up (FERN_PY_SPY_NATIVE=1 adds C frames, at
+the price of pausing the server at each sample).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -100,6 +106,24 @@ def _online(client, texts: list[str], rate: float, seconds: float) -> dict:
     return {"latency": percentiles(samples, digits=4), "p999_ms": _p999(samples), "late_sends": late}
 
 
+def _py_spy(pid: int, out_dir: Path | None, name: str | None, delay: float, seconds: float) -> list:
+    """Start py-spy on the server for a phase's timed window: which threads run, and which hold the GIL."""
+    if out_dir is None or name is None:
+        return []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # --native (C frames too) pauses the server at each sample, so only on request.
+    how = ["--native"] if os.environ.get("FERN_PY_SPY_NATIVE") else ["--nonblocking"]
+    base = ["py-spy", "record", "--pid", str(pid), *how, "--threads", "--rate", "500",
+            "--format", "raw", "--duration", str(max(1, int(seconds)))]
+    spies = []
+    for suffix, extra in (("cpu", []), ("gil", ["--gil"])):
+        spies.append(subprocess.Popen(
+            ["bash", "-c", f"sleep {delay}; exec \"$@\"", "py-spy", *base, *extra,
+             "-o", str(out_dir / f"py-spy-{name}-{suffix}.txt")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return spies
+
+
 def _p999(samples: list[float]) -> float | None:
     if len(samples) < 1000:
         return None
@@ -124,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stand-in", default=None, metavar="US,NS",
                    help="a stand-in forward pass ready US us + NS ns per token after launch (e.g. 100,100 for "
                         "MiniLM on an H200), with the GPU's step budgets")
+    p.add_argument("--py-spy", type=Path, default=None, metavar="DIR",
+                   help="record the server with py-spy (on PATH) in the last round's batch-alone and mixed "
+                        "phases: collapsed stacks per thread, on-CPU and GIL holder, written under DIR")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 
@@ -156,18 +183,21 @@ def main(argv: list[str] | None = None) -> int:
         if results.get(timeout=600) != READY:
             raise RuntimeError("lanes_e2e: a batch client reported before it was ready")
 
-    def batch_window(online=None) -> tuple[dict, dict | None]:
+    def batch_window(online=None, profile: str | None = None) -> tuple[dict, dict | None]:
         start = time.time() + args.warmup_seconds
         end = start + args.seconds
         for _ in workers:
             windows.put((start, end))
         go.set()
+        spies = _py_spy(served.process.pid, args.py_spy, profile, args.warmup_seconds, args.seconds)
         online_result = None
         if online is not None:
             time.sleep(args.warmup_seconds)
             online_result = online()
         time.sleep(max(0.0, end - time.time()))
         go.clear()
+        for spy in spies:
+            spy.wait(timeout=60)
         parts = [results.get(timeout=600) for _ in workers]
         tokens = sum(r["tokens"] for r in parts)
         return {"tokens_per_s": round(tokens / args.seconds, 1), "texts_per_s": round(
@@ -188,8 +218,9 @@ def main(argv: list[str] | None = None) -> int:
 
             for r in range(args.rounds):
                 alone = online()
-                batch_alone, _ = batch_window()
-                batch_mixed, mixed = batch_window(online)
+                last = r == args.rounds - 1
+                batch_alone, _ = batch_window(profile="batch-alone" if last else None)
+                batch_mixed, mixed = batch_window(online, profile="mixed" if last else None)
                 rounds.append({"online_alone": alone, "batch_alone": batch_alone,
                                "mixed": {"online": mixed, "batch": batch_mixed},
                                "batch_mixed_over_alone": round(batch_mixed["tokens_per_s"]
