@@ -50,10 +50,10 @@ def pack_into(buf: np.ndarray, key: GraphKey, sequences: Sequence[Sequence[int]]
               total: int, ramp: np.ndarray, *, sliced: bool | None = None) -> np.ndarray:
     """Fill a packed buffer for `key` with `sequences` (their `lengths`, `total` tokens); returns its cu_seqlens.
 
-    The engine's packer, unchecked: `key` must hold the sequences, with a slot to spare when
-    it has more tokens than they do. `ramp` is 0, 1, 2, ... (int64); positions are slices of
-    it instead of a new range per call. `sliced` picks the per-sequence or the whole-array way
-    (default: by SLICED_PACK_SEQS); both write the same buffer.
+    The engine's packer, unchecked: `key` must hold the sequences (int lists or integer arrays),
+    with a slot to spare when it has more tokens than they do. `ramp` is 0, 1, 2, ... (int64);
+    positions are slices of it instead of a new range per call. `sliced` picks the per-sequence
+    or the whole-array way (default: by SLICED_PACK_SEQS); both write the same buffer.
     """
     ids, pos, sid, cu, lens = regions(buf, key)
     num_seqs, tokens, slots = len(lengths), key.tokens, key.slots
@@ -72,7 +72,12 @@ def pack_into(buf: np.ndarray, key: GraphKey, sequences: Sequence[Sequence[int]]
         lens[:num_seqs] = lengths
     else:
         counts = np.asarray(lengths, dtype=np.int64)
-        ids[:total] = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=total)
+        if any(isinstance(seq, np.ndarray) for seq in sequences):
+            # A worker process's int32 ids: one copy into the buffer (fromiter would box every id).
+            np.concatenate([seq if isinstance(seq, np.ndarray) else np.asarray(seq, dtype=np.int64)
+                            for seq in sequences], out=ids[:total])
+        else:
+            ids[:total] = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=total)
         np.cumsum(counts, out=cu[1: num_seqs + 1])
         pos[:total] = _upto(ramp, total) - np.repeat(cu[:num_seqs], counts)
         sid[:total] = np.repeat(_upto(ramp, num_seqs), counts)

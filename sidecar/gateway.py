@@ -111,7 +111,8 @@ class PreparedRequest:
 
     params: EmbedParams
     served: ServedModel
-    sequences: list[list[int]]
+    # Token id lists, or int32 arrays where a tokenizer worker process made them.
+    sequences: list[Sequence[int]]
     dimensions: int
     normalize: bool
     sparse_ids: list[list[int]] | None = field(default=None, repr=False)
@@ -227,7 +228,7 @@ class Gateway:
             raise invalid_argument(f"sparse_language: {error}") from None
 
     @staticmethod
-    def _check_fits(sequences: list[list[int]], served: ServedModel, lane: Lane) -> None:
+    def _check_fits(sequences: list[Sequence[int]], served: ServedModel, lane: Lane) -> None:
         """A sequence longer than the lane's whole queue could never be admitted: refused now,
         naming it, instead of a queue-full answer that would have its client retry forever."""
         bound = served.scheduler.config.bound(lane)

@@ -74,35 +74,35 @@ class TokenizerCore:
         self.windows = Windows.of(self.full)
 
     def ids_of(self, texts: list[str], how: str) -> list[list[int]]:
-        """The tokenizer's own ids: "truncate" and "full" with special tokens (cut to the limit
-        less a room for EOS, or not cut), "plain" without special tokens and not cut (at most
-        SPARSE_MAX_TOKENS for a text over LONG_TEXT_CHARS). A "full" text over the limit may
-        come back as only its first tokens past the limit (enough to refuse it)."""
+        """The model's ids: "truncate" and "full" with special tokens and EOS where the model
+        needs it (cut to the limit, or not cut), "plain" without special tokens and not cut (at
+        most SPARSE_MAX_TOKENS for a text over LONG_TEXT_CHARS). A "full" text over the limit
+        may come back as only its first tokens past the limit (enough to refuse it)."""
         if self.windows is not None and texts and max(map(len, texts)) > LONG_TEXT_CHARS:
             seqs = self._ids_of_short([t if len(t) <= LONG_TEXT_CHARS else "" for t in texts], how)
             for i, text in enumerate(texts):
                 if len(text) > LONG_TEXT_CHARS:
                     seqs[i] = self._long_ids(text, how)
-            return seqs
-        return self._ids_of_short(texts, how)
-
-    def checked(self, seqs: list[list[int]], how: str, field: str, offset: int,
-                texts: Sequence[str]) -> list[list[int]]:
-        """`ids_of`'s ids with EOS appended where the model needs it; "full" ones over the limit
-        are refused, naming the first such input (a long text's count is of what was read)."""
-        if how == "plain":
-            return seqs
-        if how == "full":
-            for i, ids in enumerate(seqs):
-                if len(ids) > self.room:
-                    count = len(ids) + (1 if self.eos_id is not None else 0)
-                    partial = "+" if self.windows is not None and len(texts[i]) > LONG_TEXT_CHARS else ""
-                    raise invalid_argument(
-                        f"{field}[{offset + i}]: {count}{partial} tokens exceeds the model's limit of "
-                        f"{self.max_tokens} tokens (truncation is TRUNCATION_ERROR)", offset + i)
-        if self.eos_id is not None:
+        else:
+            seqs = self._ids_of_short(texts, how)
+        # Appended where the ids are made (a worker process, a thread), so that the ids a worker
+        # sends back as an array are the model's whole input.
+        if how != "plain" and self.eos_id is not None:
             for ids in seqs:
                 ids.append(self.eos_id)
+        return seqs
+
+    def checked(self, seqs: list[Sequence[int]], how: str, field: str, offset: int,
+                texts: Sequence[str]) -> list[Sequence[int]]:
+        """`ids_of`'s ids (lists, or a worker process's int32 arrays); "full" ones over the limit
+        are refused, naming the first such input (a long text's count is of what was read)."""
+        if how == "full":
+            for i, ids in enumerate(seqs):
+                if len(ids) > self.max_tokens:
+                    partial = "+" if self.windows is not None and len(texts[i]) > LONG_TEXT_CHARS else ""
+                    raise invalid_argument(
+                        f"{field}[{offset + i}]: {len(ids)}{partial} tokens exceeds the model's limit of "
+                        f"{self.max_tokens} tokens (truncation is TRUNCATION_ERROR)", offset + i)
         return seqs
 
     def _ids_of_short(self, texts: list[str], how: str) -> list[list[int]]:

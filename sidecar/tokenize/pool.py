@@ -2,9 +2,10 @@
 
 Reading ids off Encodings holds the GIL, and in one process that GIL is also the engine loop's;
 on a host with cores to spare a bulk request's slices are tokenized in worker processes instead.
-A worker sends its ids back as int32 bytes, which become lists here for a fraction of what
-reading them off Encodings costs. The processes are spawned (the parent holds CUDA and threads),
-so they start from a clean interpreter.
+A worker sends its ids back as int32 bytes. The model's ids stay int32 arrays here, views into
+those bytes that the engine packs with one copy, so no Python int is made for them under the
+GIL; sparse-vector ids ("plain") become lists, which their consumers count as ints. The processes
+are spawned (the parent holds CUDA and threads), so they start from a clean interpreter.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from array import array
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import NamedTuple
+
+import numpy as np
 
 from sidecar.tokenize.core import TokenizerCore
 
@@ -95,17 +98,14 @@ def _worker_ids(model: WorkerModel, texts: list[str], how: str) -> tuple[bytes, 
     return flat.tobytes(), array("i", map(len, seqs)).tobytes()
 
 
-def _unpacked(packed: tuple[bytes, bytes]) -> list[list[int]]:
-    """The id lists `_worker_ids` packed (cheaper than reading them off Encodings)."""
-    flat, counts = array("i"), array("i")
-    flat.frombytes(packed[0])
-    counts.frombytes(packed[1])
-    ids = flat.tolist()
-    seqs, start = [], 0
-    for n in counts:
-        seqs.append(ids[start:start + n])
-        start += n
-    return seqs
+def _unpacked(packed: tuple[bytes, bytes], how: str) -> list[np.ndarray] | list[list[int]]:
+    """The ids `_worker_ids` packed: read-only int32 views into its bytes, lists for "plain"."""
+    flat = np.frombuffer(packed[0], dtype=np.int32)
+    ends = np.cumsum(np.frombuffer(packed[1], dtype=np.int32)).tolist()
+    if how == "plain":
+        ids = flat.tolist()
+        return [ids[start:end] for start, end in zip([0, *ends], ends)]
+    return [flat[start:end] for start, end in zip([0, *ends], ends)]
 
 
 class TokenizerProcesses:
@@ -156,8 +156,9 @@ class TokenizerProcesses:
         """Workers that take bulk requests now (0: given up)."""
         return 0 if self.given_up else self.processes
 
-    async def ids(self, model: WorkerModel, texts: list[str], how: str) -> tuple[list[list[int]] | None, str]:
-        """`model`'s ids of `texts` from a worker, and "" when the slice was served; else no ids
+    async def ids(self, model: WorkerModel, texts: list[str],
+                  how: str) -> tuple[list[np.ndarray] | list[list[int]] | None, str]:
+        """`model`'s ids of `texts` from a worker (`_unpacked`), and "" when the slice was served; else no ids
         and what happened to the pool: "restarted" (a worker died; a new pool takes over), "died"
         (the same, seen by another slice first), "failed" (the pool never served and is given
         up) or "gone" (given up before)."""
@@ -180,7 +181,7 @@ class TokenizerProcesses:
             return None, "failed"
         if self._pool is pool:
             self._served = True
-        return _unpacked(packed), ""
+        return _unpacked(packed, how), ""
 
     def remove(self) -> None:
         """A model's tokenizer is done with the processes; the last one stops them."""

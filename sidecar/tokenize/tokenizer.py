@@ -4,8 +4,8 @@
 into slices spread over several Python worker threads, so tokenizing a bulk request never holds
 up the asyncio loop that feeds the GPU. Only a query-sized request (`query_sized`) is tokenized
 on the loop itself, where it costs less than the thread hop would. Where there are worker
-processes (TokenizerProcesses), a bulk request's slices go to them; a slice whose worker dies
-is redone on the threads.
+processes (TokenizerProcesses), a bulk request's slices go to them, and their ids come back as
+int32 arrays rather than lists; a slice whose worker dies is redone on the threads.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def default_workers() -> int:
 
 
 class TextTokenizer:
-    """One model's tokenizer: texts in, token id lists (special tokens included) out.
+    """One model's tokenizer: texts in, token ids (special tokens included) out.
 
     `encode` is the synchronous core; `encode_async` runs it on the worker pool. Inputs
     over `max_tokens` are cut at the end when `truncate` is true and rejected with
@@ -87,7 +87,7 @@ class TextTokenizer:
 
     def encode(self, texts: Sequence[str], *, truncate: bool = True, field: str = "texts",
                offset: int = 0) -> list[list[int]]:
-        """Token ids of each text; errors name `field[offset + i]`."""
+        """Token id lists of each text; errors name `field[offset + i]`."""
         how = "truncate" if truncate else "full"
         texts = list(texts)
         return self.core.checked(self.core.ids_of(texts, how), how, field, offset, texts)
@@ -97,9 +97,10 @@ class TextTokenizer:
         return self.core.ids_of(list(texts), "plain")
 
     async def encode_async(self, texts: Sequence[str], *, truncate: bool = True,
-                           field: str = "texts", offset: int = 0) -> list[list[int]]:
+                           field: str = "texts", offset: int = 0) -> list[Sequence[int]]:
         """`encode` off the loop, in slices of `slice_texts` run in parallel: on the worker
-        processes for a bulk request where there are any, else on the worker threads.
+        processes for a bulk request where there are any (those slices' ids are int32 arrays),
+        else on the worker threads.
 
         When several slices fail, the error of the lowest input index is raised."""
         if query_sized(texts):
@@ -122,13 +123,13 @@ class TextTokenizer:
         """Worker processes that take bulk requests now (0: none configured, or given up)."""
         return self._processes.live if self._processes is not None else 0
 
-    async def _run_slices(self, texts: Sequence[str], how: str, field: str, offset: int) -> list[list[int]]:
+    async def _run_slices(self, texts: Sequence[str], how: str, field: str, offset: int) -> list[Sequence[int]]:
         procs = self._processes if self.live_processes and sum(map(len, texts)) >= PROCESS_CHARS else None
         starts = self._process_cuts(texts) if procs is not None else range(0, len(texts), self.slice_texts)
         ends = [*starts[1:], len(texts)]
         slices = [list(texts[a:b]) for a, b in zip(starts, ends)]
         parts = await asyncio.gather(*(self._slice(procs, part, how) for part in slices), return_exceptions=True)
-        seqs: list[list[int]] = []
+        seqs: list[Sequence[int]] = []
         for start, part in zip(starts, parts):
             if isinstance(part, BaseException):
                 raise part
@@ -146,7 +147,7 @@ class TextTokenizer:
                 chars = 0
         return cuts
 
-    async def _slice(self, procs: TokenizerProcesses | None, texts: list[str], how: str) -> list[list[int]]:
+    async def _slice(self, procs: TokenizerProcesses | None, texts: list[str], how: str) -> list[Sequence[int]]:
         if procs is not None:
             seqs, fate = await procs.ids(self._model, texts, how)
             if seqs is not None:

@@ -86,3 +86,39 @@ def test_both_ways_of_packing_write_the_same_buffer(padded: bool) -> None:
         assert cus[0][count] == total and cus[0][-1] == key.tokens
         # pack() is the same packer: it writes the same buffer.
         np.testing.assert_array_equal(pack(seqs, key)[0].numpy(), bufs[0])
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_int32_arrays_pack_like_the_lists_they_hold(padded: bool) -> None:
+    """A worker process's ids (read-only int32 views into one buffer), alone or among lists, pack
+    the buffer their lists do, both ways."""
+    rng = np.random.default_rng(11)
+    buckets = BucketConfig()
+    for count in (1, SLICED_PACK_SEQS, 3, 17, 64):
+        lists = [rng.integers(0, 250000, size=int(n)).tolist() for n in rng.integers(1, 300, size=count)]
+        ends = np.cumsum([len(s) for s in lists]).tolist()
+        flat = np.frombuffer(np.concatenate([np.asarray(s, dtype=np.int32) for s in lists]).tobytes(), np.int32)
+        views = [flat[start:end] for start, end in zip([0, *ends], ends)]
+        mixed = [v if i % 2 else s for i, (s, v) in enumerate(zip(lists, views))]
+        lengths = [len(s) for s in lists]
+        total = sum(lengths)
+        key = key_for(lengths, buckets) if padded else GraphKey(total, count, max(lengths))
+        ramp = np.arange(key.tokens, dtype=np.int64)
+        for sliced in (True, False):
+            bufs = [np.full(packed_size(key.tokens, key.slots), -1, dtype=np.int64) for _ in range(3)]
+            for buf, seqs in zip(bufs, (lists, views, mixed)):
+                pack_into(buf, key, seqs, lengths, total, ramp, sliced=sliced)
+            np.testing.assert_array_equal(bufs[1], bufs[0])
+            np.testing.assert_array_equal(bufs[2], bufs[0])
+            assert (bufs[0] >= 0).all()
+
+
+def test_zero_length_int32_arrays_are_empty_slots() -> None:
+    empty = np.zeros(0, dtype=np.int32)
+    seqs = [np.array([101, 7, 102], dtype=np.int32), empty, [101, 102], empty]
+    for sliced in (True, False):
+        buf = np.full(packed_size(5, 4), -1, dtype=np.int64)
+        cu = pack_into(buf, GraphKey(5, 4, 3), seqs, [3, 0, 2, 0], 5, np.arange(5, dtype=np.int64), sliced=sliced)
+        ids, pos, _, _, lens = regions(buf, GraphKey(5, 4, 3))
+        assert ids.tolist() == [101, 7, 102, 101, 102] and pos.tolist() == [0, 1, 2, 0, 1]
+        assert cu.tolist() == [0, 3, 3, 5, 5] and lens.tolist() == [3, 0, 2, 0]

@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import grpc
+import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
@@ -22,7 +23,7 @@ def spec():
 
 @pytest.fixture(scope="module")
 def tok(spec):
-    t = TextTokenizer.for_spec(spec, workers=2)
+    t = TextTokenizer.for_spec(spec, workers=2, processes=0)  # the threads, on any host
     yield t
     t.close()
 
@@ -468,6 +469,15 @@ def proc_tok(spec):
     t.close()
 
 
+def _values(seqs) -> list[list[int]]:
+    """Token ids as int lists, whether they came as lists (threads) or int32 arrays (worker processes)."""
+    return [list(map(int, ids)) for ids in seqs]
+
+
+def _int32_arrays(seqs) -> bool:
+    return all(isinstance(ids, np.ndarray) and ids.dtype == np.int32 for ids in seqs)
+
+
 def _bulk(texts: list[str]) -> list[str]:
     """`texts` repeated until a request of them goes to the worker processes."""
     from sidecar.tokenize import PROCESS_CHARS
@@ -484,12 +494,16 @@ def test_worker_processes_give_the_threads_ids(spec, tok, proc_tok):
     texts = _bulk(_differential_texts(3))
     assert proc_tok._processes._pool._initargs[1] == (proc_tok._model,)  # loaded as the workers start
     served = proc_tok.process_slices
-    assert asyncio.run(proc_tok.encode_async(texts)) == asyncio.run(tok.encode_async(texts))
+    seqs = asyncio.run(proc_tok.encode_async(texts))
+    assert _values(seqs) == asyncio.run(tok.encode_async(texts))
     assert proc_tok.process_slices > served
-    assert asyncio.run(proc_tok.encode_plain_async(texts)) == tok.encode_plain(texts)
+    assert _int32_arrays(seqs)  # the model's ids stay int32, not Python ints
+    plain = asyncio.run(proc_tok.encode_plain_async(texts))
+    assert plain == tok.encode_plain(texts) and all(type(ids) is list for ids in plain)  # sparse ids: ints
     fitting = [t for t, ids in zip(texts, tok.encode(texts))
                if len(ids) < spec.max_tokens]
-    assert asyncio.run(proc_tok.encode_async(fitting, truncate=False)) == tok.encode(fitting, truncate=False)
+    whole = asyncio.run(proc_tok.encode_async(fitting, truncate=False))
+    assert _values(whole) == tok.encode(fitting, truncate=False) and _int32_arrays(whole)
 
 
 def test_a_query_sized_request_stays_off_the_worker_processes(proc_tok):
@@ -512,8 +526,14 @@ def test_worker_processes_name_the_first_over_length_input_and_append_eos(spec):
         assert info.value.index == bad
         assert info.value.message.startswith(f"texts[{bad}]: 12 tokens exceeds the model's limit of 10")
         seqs = asyncio.run(t.encode_async(texts))
-        assert seqs == asyncio.run(threads.encode_async(texts))
-        assert seqs[-1][-2:] == [102, 102] and len(seqs[-1]) == 10
+        assert _values(seqs) == asyncio.run(threads.encode_async(texts)) and _int32_arrays(seqs)
+        assert _values(seqs)[-1][-2:] == [102, 102] and len(seqs[-1]) == 10
+        fitting = _bulk(["word " * 7, "a b c"])  # 9 tokens and EOS: exactly at the limit
+        served = t.process_slices
+        whole = asyncio.run(t.encode_async(fitting, truncate=False))
+        assert _values(whole) == asyncio.run(threads.encode_async(fitting, truncate=False))
+        assert t.process_slices > served and {int(ids[-1]) for ids in whole} == {102}
+        assert max(map(len, whole)) == 10
     finally:
         t.close()
         threads.close()
@@ -525,17 +545,17 @@ def test_a_killed_worker_process_loses_no_text_and_is_replaced(tok, proc_tok, ca
 
     texts = _bulk(["some words here and there"] * 50)
     expected = tok.encode(texts)
-    assert asyncio.run(proc_tok.encode_async(texts)) == expected  # the workers have served
+    assert _values(asyncio.run(proc_tok.encode_async(texts))) == expected  # the workers have served
     broken = proc_tok._processes._pool
     for pid in list(broken._processes):
         os.kill(pid, signal.SIGKILL)
     with caplog.at_level("WARNING", logger="sidecar.tokenize"):
-        assert asyncio.run(proc_tok.encode_async(texts)) == expected  # redone on the threads
+        assert _values(asyncio.run(proc_tok.encode_async(texts))) == expected  # redone on the threads
     assert proc_tok._processes._pool is not broken and "died" in caplog.text
     assert proc_tok.process_restarts == 1 and proc_tok.process_failures >= 1
     assert proc_tok.live_processes == 2
     served = proc_tok.process_slices
-    assert asyncio.run(proc_tok.encode_async(texts)) == expected
+    assert _values(asyncio.run(proc_tok.encode_async(texts))) == expected
     assert proc_tok.process_slices > served  # the new workers serve
 
 
@@ -570,13 +590,13 @@ def test_models_share_one_set_of_worker_processes(spec):
     try:
         texts = _bulk(_differential_texts(5)[:200])
         for t, threads in zip((first, second), alone):
-            assert asyncio.run(t.encode_async(texts)) == threads.encode(texts)
+            assert _values(asyncio.run(t.encode_async(texts))) == threads.encode(texts)
             assert t.process_slices > 0 and t.live_processes == 1
         assert len(procs._pool._processes) == 1
         pool = procs._pool
         first.close()
         assert procs._pool is pool  # still serving the second model
-        assert asyncio.run(second.encode_async(texts)) == alone[1].encode(texts)
+        assert _values(asyncio.run(second.encode_async(texts))) == alone[1].encode(texts)
         second.close()
         assert procs._pool is None
     finally:
@@ -606,7 +626,41 @@ def test_a_registry_of_several_models_runs_one_set_of_worker_processes(spec):
         assert procs._pool is not None and procs._models == [first._model]  # the same tokenizer twice
         assert procs._pool._initargs[1] == (first._model,)  # loaded as the workers start
         texts = _bulk(["some words here and there"] * 50)
-        assert asyncio.run(second.encode_async(texts)) == first.encode(texts) and second.process_slices > 0
+        assert _values(asyncio.run(second.encode_async(texts))) == first.encode(texts) and second.process_slices > 0
     finally:
         reg.close()
     assert procs._pool is None
+
+
+def test_the_worker_processes_int32_ids_embed_to_the_threads_vectors():
+    # Bulk requests through the gateway, scheduler and CPU engine: the worker processes' int32
+    # arrays, packed by the engine, give the vectors the threads' lists give, bit for bit.
+    from sidecar.gateway import EmbedParams, Gateway
+    from sidecar.registry import ModelSource, Registry
+    from sidecar.scheduler import Lane
+
+    kinds = [t for t in _differential_texts(11) if any(c.isalnum() for c in t)]  # none empty
+    fitting = _bulk([t for t in kinds if len(t) < 100])
+    texts = fitting + ["Über " + "word " * 400]  # one cut at the limit
+
+    async def embed(processes: int):
+        reg = Registry.load([ModelSource(None)], device="cpu", tokenizer_workers=1,
+                            tokenizer_processes=processes)
+        await reg.start()
+        try:
+            gateway = Gateway(reg)
+            prepared = await gateway.prepare(EmbedParams(texts=texts, lane=Lane.BATCH))
+            results = [await gateway.execute(prepared),
+                       await gateway.embed(EmbedParams(texts=fitting, lane=Lane.BATCH, truncate=False))]
+            return prepared.sequences, results, next(iter(reg)).tokenizer.process_slices
+        finally:
+            await reg.drain()
+            reg.close()
+
+    seqs, with_processes, slices = asyncio.run(embed(1))
+    threads_seqs, with_threads, _ = asyncio.run(embed(0))
+    assert slices > 0 and _int32_arrays(seqs) and _values(seqs) == threads_seqs
+    assert len(seqs[-1]) == 256
+    for got, want in zip(with_processes, with_threads):
+        np.testing.assert_array_equal(got.vectors, want.vectors)
+        assert got.token_counts == want.token_counts
