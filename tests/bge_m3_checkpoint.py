@@ -10,6 +10,7 @@ small vocabulary (`<s>` 0, `<pad>` 1, `</s>` 2, `<unk>` 3, `<mask>` last), built
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,21 +116,25 @@ class M3Reference:
     colbert: torch.Tensor               # [L - 1, dim], L2-normalized colbert_linear(h[1:])
 
 
-def m3_reference(ckpt: BgeM3Checkpoint, sequences: list[list[int]]) -> list[M3Reference]:
-    """BGE-M3's formulas in plain torch over transformers' padded-batch outputs (fp32, CPU)."""
+def m3_reference(ckpt: BgeM3Checkpoint, sequences: list[list[int]],
+                 dtype: torch.dtype = torch.float32) -> list[M3Reference]:
+    """BGE-M3's formulas in plain torch over transformers' padded-batch outputs (CPU), with the
+    encoder and heads in `dtype` (fp32: the reference; bf16: how far bf16 alone moves it)."""
     longest = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), longest), 1, dtype=torch.long)  # <pad>
     mask = torch.zeros(len(sequences), longest, dtype=torch.long)
     for i, s in enumerate(sequences):
         ids[i, : len(s)] = torch.tensor(s)
         mask[i, : len(s)] = 1
+    encoder, sparse, colbert_head = (copy.deepcopy(m).to(dtype) if dtype != torch.float32 and m is not None else m
+                                     for m in (ckpt.encoder, ckpt.sparse, ckpt.colbert))
     with torch.inference_mode():
-        hidden = ckpt.encoder(input_ids=ids, attention_mask=mask).last_hidden_state.float()
-        dense = torch.nn.functional.normalize(hidden[:, 0], dim=-1)
-        weights = torch.relu(ckpt.sparse(hidden)).squeeze(-1) if ckpt.sparse is not None else None
+        hidden = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        dense = torch.nn.functional.normalize(hidden[:, 0].float(), dim=-1)
+        weights = torch.relu(sparse(hidden)).squeeze(-1).float() if sparse is not None else None
         colbert = None
-        if ckpt.colbert is not None:
-            colbert = ckpt.colbert(hidden[:, 1:]) * mask[:, 1:, None].float()
+        if colbert_head is not None:
+            colbert = colbert_head(hidden[:, 1:]).float() * mask[:, 1:, None].float()
             colbert = torch.nn.functional.normalize(colbert, dim=-1)
     out = []
     for i, s in enumerate(sequences):
@@ -141,3 +146,9 @@ def m3_reference(ckpt: BgeM3Checkpoint, sequences: list[list[int]]) -> list[M3Re
         vectors = colbert[i, : len(s) - 1] if colbert is not None else torch.zeros(0)
         out.append(M3Reference(dense[i], lexical, vectors))
     return out
+
+
+def sparse_gap(a: list[M3Reference], b: list[M3Reference]) -> float:
+    """The largest difference of one token's sparse weight between two references."""
+    return max((abs(x.sparse.get(t, 0.0) - y.sparse.get(t, 0.0)) for x, y in zip(a, b)
+                for t in set(x.sparse) | set(y.sparse)), default=0.0)

@@ -12,7 +12,7 @@ import torch
 from core_engine.config import load_spec
 from core_engine.engine import Engine
 from core_engine.token_outputs import StepResult, learned_sparse
-from tests.bge_m3_checkpoint import build_bge_m3, m3_reference, xlmr_tokenizer
+from tests.bge_m3_checkpoint import build_bge_m3, m3_reference, sparse_gap, xlmr_tokenizer
 
 TEXTS = ["Hello, world!", "the quick brown fox jumps over the lazy dog, the dog", "a",
          "vector search with late interaction retrieval in qdrant and postgres " * 3,
@@ -33,7 +33,7 @@ def sequences() -> list[list[int]]:
 
 
 def assert_outputs_match(result: StepResult, refs, sequences, unused, *, atol: float = 1e-4,
-                         colbert_cos: float | None = None) -> None:
+                         sparse_atol: float | None = None, colbert_cos: float | None = None) -> None:
     pooled = result.pooled / np.linalg.norm(result.pooled, axis=1, keepdims=True)
     np.testing.assert_allclose(pooled, torch.stack([r.dense for r in refs]).numpy(), atol=atol)
     for i, (seq, ref) in enumerate(zip(sequences, refs)):
@@ -43,7 +43,8 @@ def assert_outputs_match(result: StepResult, refs, sequences, unused, *, atol: f
         if colbert_cos is None:  # fp32: the same token set exactly
             assert indices.tolist() == sorted(ref.sparse), f"text {i}: sparse token ids"
         for token in set(ours) | set(ref.sparse):  # bf16 may move a weight near 0 across relu
-            assert ours.get(token, 0.0) == pytest.approx(ref.sparse.get(token, 0.0), abs=atol), f"text {i}"
+            assert ours.get(token, 0.0) == pytest.approx(ref.sparse.get(token, 0.0),
+                                                         abs=sparse_atol or atol), f"text {i}, token {token}"
         assert rows.multivector.shape == tuple(ref.colbert.shape) == (len(seq) - 1, ref.colbert.shape[1])
         if colbert_cos is None:
             np.testing.assert_allclose(rows.multivector, ref.colbert.numpy(), atol=atol)
@@ -155,9 +156,14 @@ def test_learned_sparse_takes_the_largest_weight_per_token_and_drops_zeros() -> 
 def test_bf16_on_the_gpu_eager_captured_and_replayed_matches_the_fp32_reference(checkpoint, sequences) -> None:
     engine = Engine(checkpoint.path, device="cuda", dtype="bf16", cuda_graphs=True, eager_hits=1)
     refs = m3_reference(checkpoint, sequences)
+    # A sparse weight is a linear of the whole hidden state, so bf16's error in that state
+    # reaches it undivided: transformers itself in bf16 moves these weights by ~0.03 (up to
+    # ~4). Fern may stray twice as far as that; a wrong head or token set strays by whole units.
+    sparse_atol = max(3e-2, 2 * sparse_gap(m3_reference(checkpoint, sequences, torch.bfloat16), refs))
     for _ in range(3):  # eager, capture, replay
         result = engine.step(engine.prepare(sequences, token_outputs=True)).result()
-        assert_outputs_match(result, refs, sequences, engine.spec.unused_token_ids, atol=3e-2, colbert_cos=0.995)
+        assert_outputs_match(result, refs, sequences, engine.spec.unused_token_ids, atol=3e-2,
+                             sparse_atol=sparse_atol, colbert_cos=0.995)
     assert engine.counters.replays >= 1 and engine.counters.captures >= 1
     # A dense-only step between token-output steps keeps its own graph and its own vectors.
     dense = engine.embed(sequences)
