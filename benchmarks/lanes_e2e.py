@@ -204,7 +204,36 @@ def main(argv: list[str] | None = None) -> int:
             sum(r["texts"] for r in parts) / args.seconds, 1), "requests": sum(r["requests"] for r in parts)}, \
             online_result
 
+    header = result_header("benchmarks.lanes_e2e", argv)
     rounds, cursor = [], 0
+
+    def write(complete: bool) -> dict:
+        """The result of the rounds so far, written to --out after each round: a run cut short
+        (a device's time limit) keeps what it measured."""
+        result = {
+            **header,
+            "server_command": " ".join(served.command), "seconds_to_serving": round(served.seconds_to_serving, 2),
+            "server_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("FERN_")},
+            "device": args.device if not args.stand_in else f"{args.device}, stand-in forward pass {args.stand_in}",
+            "workload": {"online_rate_per_s": args.online_rate, "online_tokens": args.online_tokens,
+                         "batch_clients": args.batch_clients, "batch_texts_per_request": args.batch_texts,
+                         "batch_tokens": [args.batch_low, args.batch_high], "seconds": args.seconds,
+                         "warmup_seconds": args.warmup_seconds, "rounds": args.rounds},
+            "complete": complete,
+            "rounds": rounds,
+            "summary": {
+                "online_alone_p99_ms": [x["online_alone"]["latency"]["p99_ms"] for x in rounds],
+                "online_mixed_p99_ms": [x["mixed"]["online"]["latency"]["p99_ms"] for x in rounds],
+                "online_mixed_p999_ms": [x["mixed"]["online"]["p999_ms"] for x in rounds],
+                "batch_alone_tokens_per_s": [x["batch_alone"]["tokens_per_s"] for x in rounds],
+                "batch_mixed_over_alone": [x["batch_mixed_over_alone"] for x in rounds],
+            },
+        }
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
+        return result
+
     try:
         with FernClient(served.target, timeout=60) as client:
             for text in queries[-200:]:  # warm the online path (and, on CUDA, its graphs)
@@ -226,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                                "batch_mixed_over_alone": round(batch_mixed["tokens_per_s"]
                                                                / max(batch_alone["tokens_per_s"], 1e-9), 4)})
                 print(json.dumps({"round": r, **rounds[-1]}), flush=True)
+                write(complete=False)
     finally:
         stop.set()
         for w in workers:
@@ -233,28 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             if w.is_alive():
                 w.kill()
         served.stop()
-    result = {
-        **result_header("benchmarks.lanes_e2e", argv),
-        "server_command": " ".join(served.command), "seconds_to_serving": round(served.seconds_to_serving, 2),
-        "server_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("FERN_")},
-        "device": args.device if not args.stand_in else f"{args.device}, stand-in forward pass {args.stand_in}",
-        "workload": {"online_rate_per_s": args.online_rate, "online_tokens": args.online_tokens,
-                     "batch_clients": args.batch_clients, "batch_texts_per_request": args.batch_texts,
-                     "batch_tokens": [args.batch_low, args.batch_high], "seconds": args.seconds,
-                     "warmup_seconds": args.warmup_seconds, "rounds": args.rounds},
-        "rounds": rounds,
-        "summary": {
-            "online_alone_p99_ms": [x["online_alone"]["latency"]["p99_ms"] for x in rounds],
-            "online_mixed_p99_ms": [x["mixed"]["online"]["latency"]["p99_ms"] for x in rounds],
-            "online_mixed_p999_ms": [x["mixed"]["online"]["p999_ms"] for x in rounds],
-            "batch_alone_tokens_per_s": [x["batch_alone"]["tokens_per_s"] for x in rounds],
-            "batch_mixed_over_alone": [x["batch_mixed_over_alone"] for x in rounds],
-        },
-    }
-    text = json.dumps(result, indent=2) + "\n"
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    result = write(complete=True)
     print(json.dumps(result["summary"]))
     return 0
 

@@ -46,6 +46,7 @@ def test_lanes_e2e_with_a_stand_in_runs_every_phase_with_the_gpu_budgets(tmp_pat
     assert f"--max-step-tokens {gpu.max_step_tokens} --online-step-tokens {gpu.online_step_tokens}" in \
         result["server_command"]
     assert result["device"] == "cpu, stand-in forward pass 100,100"
+    assert result["complete"] is True  # each round's partial file is replaced by the whole run's
     (round_,) = result["rounds"]
     assert round_["online_alone"]["latency"]["n"] == 20 and round_["mixed"]["online"]["latency"]["n"] == 20
     assert round_["batch_alone"]["tokens_per_s"] > 0 and round_["mixed"]["batch"]["tokens_per_s"] > 0
