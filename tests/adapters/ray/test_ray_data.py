@@ -55,6 +55,22 @@ def by_id(ds: "ray.data.Dataset") -> np.ndarray:
     return np.stack(frame["embedding"].to_numpy()).astype(np.float32, copy=False)
 
 
+def _start_ray(attempts: int = 2) -> None:
+    """`ray.init` for a local instance, again when its node missed Ray's fixed 30 s start-up wait.
+
+    In CI on a 2-core host, one start's raylet never came up (no raylet log, the GCS waiting
+    for a node) while every later start on the same host took 2-12 s, even under a full load.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            return
+        except Exception as exc:  # Ray raises a bare Exception for this
+            if attempt == attempts or "timed out during startup" not in str(exc):
+                raise
+            ray.shutdown()
+
+
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
     """A local Ray whose workers import this checkout (PYTHONPATH) and report no usage stats."""
@@ -62,7 +78,7 @@ def local_ray() -> Iterator[None]:
         path = os.environ.get("PYTHONPATH", "")
         patch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(ROOT), path) if p))
         patch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        _start_ray()
         ray.data.DataContext.get_current().enable_progress_bars = False
         try:
             yield
