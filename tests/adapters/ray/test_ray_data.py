@@ -58,8 +58,8 @@ def by_id(ds: "ray.data.Dataset") -> np.ndarray:
 def _start_ray(attempts: int = 2) -> None:
     """`ray.init` for a local instance, again when its node missed Ray's fixed 30 s start-up wait.
 
-    In CI on a 2-core host, one start's raylet never came up (no raylet log, the GCS waiting
-    for a node) while every later start on the same host took 2-12 s, even under a full load.
+    On a 2-core host a start's raylet can fail to come up at all (no raylet log, the GCS waiting
+    for a node) where the next start takes 2-12 s, even under a full load; any other error is raised.
     """
     for attempt in range(1, attempts + 1):
         try:
