@@ -3,7 +3,8 @@
 Each engine gets one thread. It builds step N+1 (`engine.prepare`, CPU only) from the work
 queued when N was launched, then collects N through its handle and launches N+1; online
 work that arrives after N+1 was built gets a small step of its own launched just before
-N+1, so a query waits for at most the step in flight. With nothing queued, the thread
+N+1, so a query waits for at most the step in flight, and its answer goes out as soon as
+that small step is done, before the thread builds N+2. With nothing queued, the thread
 blocks in N's `result()` (on CUDA an event wait that releases the GIL): it sees N finish
 at once instead of polling, and work that arrives meanwhile is built as soon as N is
 collected. With several engines, an idle one takes new work before a busy one builds
@@ -47,6 +48,7 @@ class Pipeline(StepLifecycle):
         launch_first = worker.launches_async
         in_flight: deque[tuple[Step, Any]] = deque()
         while True:
+            self._hand_out_online(worker, in_flight)
             nxt = self._next_step(worker, in_flight=in_flight[-1][1] if in_flight else None)
             if worker.adopted is not None:  # composed (and mostly launched) by the loop meanwhile
                 with self._cond:
@@ -85,10 +87,26 @@ class Pipeline(StepLifecycle):
                     jump = self._jump_step(worker, nxt)
                     if jump is not None:
                         self._launch(worker, jump, None, in_flight)
+                        if not launch_first:  # computed already: out before `nxt` is computed
+                            self._hand_out_online(worker, in_flight, ahead_of_more=False)
             if nxt is not None:
                 self._launch(worker, nxt, prepared, in_flight)
             if deferred is not None:
                 self._deliver(worker, *deferred)
+
+    def _hand_out_online(self, worker: Worker, in_flight: deque, *, ahead_of_more: bool = True) -> None:
+        """Collect and deliver the oldest steps in flight while they carry online work.
+
+        With `ahead_of_more`, only those with a later step queued behind them on the device (a
+        jump step ahead of the batch step it jumped): the device stays busy with that step
+        while the query's answer goes out, instead of after the engine thread has built the
+        next batch step. Without, any such step (on a synchronous engine, already computed).
+        """
+        while len(in_flight) > (1 if ahead_of_more else 0) and _carries_online(in_flight[0][0]):
+            step, handle = in_flight.popleft()
+            rows = self._call(worker, step, handle.result)
+            if rows is not FAILED:
+                self._deliver(worker, step, rows)
 
     def _launch(self, worker: Worker, step: Step, prepared: Any, in_flight: deque) -> None:
         """Prepare (when `prepared` is None) and start a step; a failure fails its requests."""
@@ -194,8 +212,12 @@ class Pipeline(StepLifecycle):
         older ones, and they wait for `step`, which is short (an online step's budget).
         """
         with self._cond:
-            if any(c.request.lane == Lane.ONLINE for c in step.chunks):
+            if _carries_online(step):
                 return None
             if not self._lanes[Lane.ONLINE].has_work():
                 return None
             return self._online_step_locked(worker, self.config.online_step_tokens)
+
+
+def _carries_online(step: Step) -> bool:
+    return any(chunk.request.lane == Lane.ONLINE for chunk in step.chunks)

@@ -77,6 +77,7 @@ class GatedEngine:
         self._in_call = 0
         self.overlapped = False  # two threads were inside prepare/step at once
         self.raised_in: list[tuple[str, str]] = []  # (call, thread name) of each failure raised by fail_*
+        self._holds: dict[str, tuple[int, threading.Event]] = {}  # call -> (calls let through, gate)
 
     def raise_here(self, call: str) -> None:
         with self._lock:
@@ -104,6 +105,18 @@ class GatedEngine:
         self._launch_gate = threading.Event()
         return self._launch_gate
 
+    def hold_after(self, call: str, count: int) -> threading.Event:
+        """Every `call` ("prepare" or "step") after the first `count` waits, inside the call,
+        until the returned event is set."""
+        gate = threading.Event()
+        self._holds[call] = (count, gate)
+        return gate
+
+    def _held(self, call: str, made: int) -> None:
+        count, gate = self._holds.get(call, (made, None))
+        if gate is not None and made > count and not gate.wait(timeout=30):
+            raise TimeoutError(f"the test never let {call} #{made} go on")
+
     def take_permit(self) -> None:
         with self._released:
             self.waiting += 1
@@ -120,6 +133,8 @@ class GatedEngine:
             batch = [tuple(s) for s in sequences]
             with self._lock:
                 self.prepared.append(batch)
+                made = len(self.prepared)
+            self._held("prepare", made)
             time.sleep(0.0002)  # long enough for another thread to collide, were it allowed in
             if self.fail_prepare:
                 raise RuntimeError("engine stand-in: prepare failed")
@@ -143,6 +158,8 @@ class GatedEngine:
                 self.raise_here("step")
             with self._lock:
                 self.stepped.append(prepared)
+                made = len(self.stepped)
+            self._held("step", made)
             gate, self._launch_gate = self._launch_gate, None
             if gate is not None:
                 self.launching.set()
@@ -221,6 +238,40 @@ def test_online_behind_10000_batch_texts_runs_in_the_next_step(device):
         await sched.drain()
 
     run(main())
+
+
+@ASYNC_AND_SYNC
+def test_a_query_behind_a_step_in_flight_is_answered_before_the_next_batch_step_is_built(device):
+    """The query's own (jump) step is collected and handed out before the engine thread builds
+    the next batch step, and on a synchronous engine before it computes the batch step it
+    jumped: neither waits for that bulk work."""
+    async def main():
+        engine = GatedEngine(name=device)
+        sched = Scheduler([engine], config(max_step_tokens=512, online_step_tokens=128))
+        await sched.start()
+        batch = [asyncio.create_task(sched.embed(texts(BATCH_MARK, i * 100, 100), Lane.BATCH))
+                 for i in range(20)]
+        await until(lambda: len(engine.stepped) == 1 and len(engine.prepared) == 2)
+        # Prepares 1 and 2 are batch steps, 3 the query's; whatever comes later waits for the gate.
+        gates = [engine.hold_after("prepare", 3)]
+        if device.startswith("cpu"):  # steps 1 and 2: the first batch step and the query's
+            gates.append(engine.hold_after("step", 2))
+        query = texts(ONLINE_MARK, 0, 3, length=12)
+        online = asyncio.create_task(sched.embed(query, Lane.ONLINE))
+        await until(lambda: sched.stats().online.queued_tokens > 0)
+        engine.release(2)  # the step in flight when the query came, then the query's own
+        vectors = await asyncio.wait_for(asyncio.shield(online), 10)
+        np.testing.assert_array_equal(vectors, expected(query))
+        assert engine.stepped[1] == [tuple(q) for q in query]
+        for gate in gates:
+            gate.set()
+        engine.release(10**6)
+        results = await asyncio.gather(*batch)
+        for i, got in enumerate(results):
+            np.testing.assert_array_equal(got, expected(texts(BATCH_MARK, i * 100, 100)))
+        await sched.drain()
+
+    run(main(), timeout=60)
 
 
 @ASYNC_AND_SYNC
