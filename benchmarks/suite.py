@@ -409,7 +409,7 @@ def _latency_e2e(ctx: Context, name: str, tok: Tokenizer) -> dict[str, Any]:
                                   "server_command": " ".join(served.command),
                                   "client": "benchmarks.latency_client subprocess per setting",
                                   "client_settings": CLIENT_SETTINGS, "by_client_setting": {},
-                                  "uds": {}}
+                                  "uds": {}, "uds_by_client_setting": {}}
         # 128 tokens (a query of the large models) with every client setting; 32 (a short query
         # of the small ones), when the plan has it, with the default client only.
         lengths = (32, 128) if 32 in ctx.plan.latency_lengths else (128,)
@@ -423,8 +423,11 @@ def _latency_e2e(ctx: Context, name: str, tok: Tokenizer) -> dict[str, Any]:
                     for k, (setting, env) in enumerate(settings.items())}
             result[str(length)] = rows["default"]
             result["by_client_setting"][str(length)] = rows
-            result["uds"][str(length)] = _latency_client(f"unix:{socket_path}", texts(length * 10 + 9),
-                                                         ctx.plan.e2e_iters, {})
+            # The socket under the same client settings as TCP, so each door is compared like for like.
+            uds = {setting: _latency_client(f"unix:{socket_path}", texts(length * 10 + 5 + k), ctx.plan.e2e_iters, env)
+                   for k, (setting, env) in enumerate(settings.items())}
+            result["uds"][str(length)] = uds["default"]
+            result["uds_by_client_setting"][str(length)] = uds
         return result
     finally:
         served.stop()
@@ -1040,9 +1043,11 @@ def summary(results: dict[str, Any]) -> str:
         rows = e.get("e2e", {}).get("by_client_setting", {}).get("128", {})
         e2e = " | ".join(f"e2e gRPC ({setting} client) p50 {r['p50_ms']:.3f} ms p99 {r['p99_ms']:.3f} ms"
                          for setting, r in rows.items()) or f"e2e {e.get('e2e', {}).get('skipped', 'n/a')}"
-        uds = e.get("e2e", {}).get("uds", {}).get("128")
-        if uds:
-            e2e += f" | e2e gRPC over the Unix socket p50 {uds['p50_ms']:.3f} ms p99 {uds['p99_ms']:.3f} ms"
+        e2e_result = e.get("e2e", {})
+        uds_rows = e2e_result.get("uds_by_client_setting", {}).get("128") or (
+            {"default": e2e_result["uds"]["128"]} if "128" in e2e_result.get("uds", {}) else {})
+        e2e += "".join(f" | e2e over the Unix socket ({setting} client) p50 {r['p50_ms']:.3f} ms "
+                       f"p99 {r['p99_ms']:.3f} ms" for setting, r in uds_rows.items())
         length = "128" if "128" in e["engine"] else next(iter(e["engine"]), None)
         eng = e["engine"].get(length) if length else None
         if eng is None:
