@@ -34,6 +34,28 @@ def test_the_stand_in_is_fern_serve_with_steps_ready_after_the_set_time(tmp_path
     assert "fern: serving all-MiniLM-L6-v2" in served.log_path.read_text()
 
 
+class _SlowFirstClient:
+    """A client whose first query takes 25 ms and every later one about 1 ms."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def embed(self, texts, lane):
+        self.calls += 1
+        time.sleep(0.025 if self.calls == 1 else 0.001)
+
+
+def test_online_latency_from_schedule_counts_the_wait_of_a_query_held_back_by_a_slow_one():
+    # 100 queries/s for 95 ms (ten queries): the second is due 10 ms in but goes only when the first is
+    # answered, 25 ms in, so it waited at least 15 ms before it was sent.
+    result = lanes_e2e._online(_SlowFirstClient(), ["q"] * 20, rate=100.0, seconds=0.095)
+    sent, scheduled = result["latency"], result["from_schedule"]
+    assert sent["n"] == scheduled["n"] == 10
+    # Only queries sent late differ, each by how late it went: the second alone accounts for 15 ms.
+    assert scheduled["mean_ms"] - sent["mean_ms"] >= 15.0 / 10 - 1e-3
+    assert scheduled["p90_ms"] >= sent["p90_ms"]
+
+
 @pytest.mark.slow
 def test_lanes_e2e_with_a_stand_in_runs_every_phase_with_the_gpu_budgets(tmp_path):
     out = tmp_path / "lanes.json"
@@ -49,4 +71,7 @@ def test_lanes_e2e_with_a_stand_in_runs_every_phase_with_the_gpu_budgets(tmp_pat
     assert result["complete"] is True  # each round's partial file is replaced by the whole run's
     (round_,) = result["rounds"]
     assert round_["online_alone"]["latency"]["n"] == 20 and round_["mixed"]["online"]["latency"]["n"] == 20
+    assert round_["mixed"]["online"]["from_schedule"]["n"] == 20
+    assert result["summary"]["online_mixed_p99_from_schedule_ms"] == [
+        round_["mixed"]["online"]["from_schedule"]["p99_ms"]]
     assert round_["batch_alone"]["tokens_per_s"] > 0 and round_["mixed"]["batch"]["tokens_per_s"] > 0
