@@ -18,6 +18,11 @@ percentiles count that wait too (`_online`).
 a step is ready US microseconds plus NS nanoseconds a token after it is launched) and the GPU's
 step budgets, so the process around the engine is measured on a machine without a GPU.
 
+`--trace` runs the server under tools/profiling/traced.py, which timestamps each online query's
+path through it (handler, tokenized, queued, its step launched and delivered, back on the loop,
+response): per phase, each stage's percentiles, and the stages of the slowest 1 % of queries,
+which say where the tail goes.
+
 `--py-spy DIR` (py-spy on PATH) records the server through the last round's batch-alone and
 mixed windows: which threads run and which hold the GIL, as collapsed stacks that
 `python -m tools.profiling.collapsed FILE` sums up (FERN_PY_SPY_NATIVE=1 adds C frames, at
@@ -34,7 +39,10 @@ import random
 import subprocess
 import tempfile
 import time
+import zlib
 from pathlib import Path
+
+import numpy as np
 
 from benchmarks.provenance import result_header
 from benchmarks.server import start_sidecar
@@ -89,7 +97,7 @@ def _batch_client(target: str, tokenizer: str, seed: int, texts: int, low: int, 
                          "requests": len(inside)})
 
 
-def _online(client, texts: list[str], rate: float, seconds: float) -> dict:
+def _online(client, texts: list[str], rate: float, seconds: float, marks: list | None = None) -> dict:
     """Queries at `rate`/s for `seconds`, one at a time: latency from each send to its answer.
 
     A query still out when the next one is due holds that one back, so `latency` alone would
@@ -97,6 +105,7 @@ def _online(client, texts: list[str], rate: float, seconds: float) -> dict:
     counts it: each query's latency from when it was due, or from its send where it went on
     time. The two agree while the server keeps up; where they part, the server fell behind
     the rate and `from_schedule` is what a caller sending at that rate would have seen.
+    `marks`, if given, gets each query's (CRC-32 of its text, send ns, answer ns) for `--trace`.
     """
     samples, scheduled, late = [], [], 0
     start = time.perf_counter()
@@ -109,9 +118,12 @@ def _online(client, texts: list[str], rate: float, seconds: float) -> dict:
             time.sleep(due - now)
         elif now - due > 1.0 / rate:
             late += 1
-        sent = time.perf_counter()
+        sent_ns = time.perf_counter_ns()
         client.embed([text], lane="online")
-        answered = time.perf_counter()
+        answered_ns = time.perf_counter_ns()
+        sent, answered = sent_ns / 1e9, answered_ns / 1e9
+        if marks is not None:
+            marks.append((zlib.crc32(text.encode()), sent_ns, answered_ns))
         samples.append((answered - sent) * 1e3)
         scheduled.append((answered - (sent if now < due else due)) * 1e3)
     return {"latency": percentiles(samples, digits=4), "p999_ms": _p999(samples), "late_sends": late,
@@ -134,6 +146,50 @@ def _py_spy(pid: int, out_dir: Path | None, name: str | None, delay: float, seco
              "-o", str(out_dir / f"py-spy-{name}-{suffix}.txt")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return spies
+
+
+# A traced query's stages, each from the first checkpoint to the second (tools/profiling/traced.py;
+# "sent" and "answered" are the client's).
+STAGES = (("grpc_in", "sent", "handler"), ("prepare", "handler", "prepared"), ("admit", "prepared", "admitted"),
+          ("queued", "admitted", "launched"), ("step", "launched", "delivered"), ("hand_back", "delivered", "resumed"),
+          ("finalize", "resumed", "executed"), ("respond", "executed", "handler_end"),
+          ("grpc_out", "handler_end", "answered"))
+
+
+def stage_breakdown(trace: dict, client_marks: dict[str, list[tuple[int, int, int]]]) -> dict:
+    """Per phase: each stage's percentiles over the phase's queries, and each stage's mean over the
+    slowest 1 % of them (where their time went), with how many steps were launched while they were
+    queued. Queries are matched to the server's records by their text's CRC-32."""
+    calls = {call["crc"]: call for call in trace["calls"]}
+    launches = np.array([t for t, _, _ in trace["steps"]], dtype=np.int64)
+    out = {}
+    for phase, marks in client_marks.items():
+        rows = []
+        for crc, sent, answered in marks:
+            call = calls.get(crc)
+            if call is None or any(name not in call for _, name, _ in STAGES[1:]):
+                continue
+            points = {**call, "sent": sent, "answered": answered}
+            stages = {name: (points[end] - points[start]) / 1e6 for name, start, end in STAGES}
+            steps_while_queued = int(np.searchsorted(launches, call["launched"])
+                                     - np.searchsorted(launches, call["admitted"]))
+            rows.append((sum(stages.values()), stages, steps_while_queued, call.get("by_loop", False)))
+        if not rows:
+            continue
+        rows.sort(key=lambda row: row[0])
+        slowest = rows[-max(1, len(rows) // 100):]
+        out[phase] = {
+            "queries": len(rows), "matched_of": len(marks),
+            "stages_ms": {name: percentiles([row[1][name] for row in rows], digits=4) for name, _, _ in STAGES},
+            "slowest_1pct_mean_ms": {name: round(float(np.mean([row[1][name] for row in slowest])), 4)
+                                     for name, _, _ in STAGES},
+            "slowest_1pct_total_ms": round(float(np.mean([row[0] for row in slowest])), 4),
+            "slowest_1pct_steps_launched_while_queued": round(float(np.mean([row[2] for row in slowest])), 2),
+            "launched_by_loop": round(sum(row[3] for row in rows) / len(rows), 4),
+            # Queries with a checkpoint before the one it follows: 0 unless the clocks or the wiring are wrong.
+            "out_of_order": sum(any(value < 0 for value in row[1].values()) for row in rows),
+        }
+    return out
 
 
 def _p999(samples: list[float]) -> float | None:
@@ -163,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--py-spy", type=Path, default=None, metavar="DIR",
                    help="record the server with py-spy (on PATH) in the last round's batch-alone and mixed "
                         "phases: collapsed stacks per thread, on-CPU and GIL holder, written under DIR")
+    p.add_argument("--trace", action="store_true",
+                   help="time each online query's stages in the server (tools/profiling/traced.py): per phase, "
+                        "each stage's percentiles and where the slowest 1 %% of queries spent their time")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 
@@ -180,8 +239,13 @@ def main(argv: list[str] | None = None) -> int:
         gpu = SchedulerConfig()  # the budgets a GPU engine gets (the CPU's are for a CPU forward pass)
         budgets = [str(a) for flag, field in SCHEDULER_KNOBS.items() for a in (f"--{flag}", getattr(gpu, field))]
         extra = [*budgets, *extra]
+    log_dir = Path(tempfile.mkdtemp(prefix="fern-lanes-"))
+    trace_file, client_marks = log_dir / "trace.json", {}
+    if args.trace:
+        stand_in = list(launcher[2:]) if args.stand_in else []  # the stand-in's --engine-us and --engine-ns-per-token
+        launcher = ("-m", "tools.profiling.traced", "--out", str(trace_file), *stand_in)
     served = start_sidecar(Path(args.model) if args.model else None, device=args.device, extra=extra,
-                           log_dir=Path(tempfile.mkdtemp(prefix="fern-lanes-")), name="lanes", launcher=launcher)
+                           log_dir=log_dir, name="lanes", launcher=launcher)
     ctx = mp.get_context("spawn")
     go, stop = ctx.Event(), ctx.Event()
     windows, results = ctx.Queue(), ctx.Queue()
@@ -253,17 +317,19 @@ def main(argv: list[str] | None = None) -> int:
             for text in queries[-200:]:  # warm the online path (and, on CUDA, its graphs)
                 client.embed([text], lane="online")
 
-            def online():
+            def online(phase: str):
                 nonlocal cursor
                 chunk = queries[cursor:cursor + per_phase]
                 cursor += per_phase
-                return _online(client, chunk, args.online_rate, args.seconds)
+                marks = client_marks.setdefault(phase, []) if args.trace else None
+                return _online(client, chunk, args.online_rate, args.seconds, marks)
 
             for r in range(args.rounds):
-                alone = online()
+                alone = online(f"round {r} online alone")
                 last = r == args.rounds - 1
                 batch_alone, _ = batch_window(profile="batch-alone" if last else None)
-                batch_mixed, mixed = batch_window(online, profile="mixed" if last else None)
+                batch_mixed, mixed = batch_window(lambda: online(f"round {r} mixed"),
+                                                  profile="mixed" if last else None)
                 rounds.append({"online_alone": alone, "batch_alone": batch_alone,
                                "mixed": {"online": mixed, "batch": batch_mixed},
                                "batch_mixed_over_alone": round(batch_mixed["tokens_per_s"]
@@ -278,6 +344,12 @@ def main(argv: list[str] | None = None) -> int:
                 w.kill()
         served.stop()
     result = write(complete=True)
+    if args.trace:
+        result["trace"] = (stage_breakdown(json.loads(trace_file.read_text()), client_marks) if trace_file.exists()
+                           else {"missing": f"the server wrote no {trace_file} (it did not exit by itself)"})
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps({phase: t["slowest_1pct_mean_ms"] for phase, t in result["trace"].items()}))
     print(json.dumps(result["summary"]))
     return 0
 

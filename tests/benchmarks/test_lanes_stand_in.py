@@ -57,14 +57,15 @@ def test_online_latency_from_schedule_counts_the_wait_of_a_query_held_back_by_a_
 
 
 @pytest.mark.slow
-def test_lanes_e2e_with_a_stand_in_runs_every_phase_with_the_gpu_budgets(tmp_path):
+def test_lanes_e2e_with_a_stand_in_runs_every_phase_with_the_gpu_budgets_and_traces_each_query(tmp_path):
     out = tmp_path / "lanes.json"
     assert lanes_e2e.main(["--stand-in", "100,100", "--online-rate", "20", "--batch-clients", "1",
                            "--batch-texts", "8", "--seconds", "1", "--warmup-seconds", "0.5", "--rounds", "1",
-                           "--out", str(out)]) == 0
+                           "--trace", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     gpu = SchedulerConfig()
-    assert "tools.profiling.stand_in --engine-us 100.0 --engine-ns-per-token 100.0 serve" in result["server_command"]
+    assert "tools.profiling.traced --out" in result["server_command"]
+    assert "--engine-us 100.0 --engine-ns-per-token 100.0 serve" in result["server_command"]
     assert f"--max-step-tokens {gpu.max_step_tokens} --online-step-tokens {gpu.online_step_tokens}" in \
         result["server_command"]
     assert result["device"] == "cpu, stand-in forward pass 100,100"
@@ -75,3 +76,13 @@ def test_lanes_e2e_with_a_stand_in_runs_every_phase_with_the_gpu_budgets(tmp_pat
     assert result["summary"]["online_mixed_p99_from_schedule_ms"] == [
         round_["mixed"]["online"]["from_schedule"]["p99_ms"]]
     assert round_["batch_alone"]["tokens_per_s"] > 0 and round_["mixed"]["batch"]["tokens_per_s"] > 0
+    # Every query was matched to the server's record of it, and its checkpoints come in order.
+    for phase in ("round 0 online alone", "round 0 mixed"):
+        traced = result["trace"][phase]
+        assert traced["queries"] == traced["matched_of"] == 20
+        stages = traced["stages_ms"]
+        assert [name for name, _, _ in lanes_e2e.STAGES] == list(stages)
+        assert all(stage["n"] == 20 for stage in stages.values()) and traced["out_of_order"] == 0
+        # The stand-in's step is ready 100 µs after its launch: launched and delivered bracket it.
+        assert stages["step"]["p50_ms"] >= 0.09
+        assert traced["slowest_1pct_total_ms"] >= stages["grpc_in"]["p50_ms"]

@@ -28,17 +28,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not rest or rest[0] != "serve":
         parser.error("expected `serve` and fern serve's flags after the stand-in's own")
 
-    import sidecar.serve
+    install_stand_in(args.engine_us, args.engine_ns_per_token)
     from sidecar.cli import main as fern
+
+    return fern(rest)
+
+
+def install_stand_in(engine_us: float, engine_ns_per_token: float) -> None:
+    """Make `fern serve` in this process load its models with the stand-in forward pass."""
+    import sidecar.serve
     from tools.profiling.overhead import with_stand_in
 
     load = sidecar.serve.load_registry
 
     def load_with_stand_in(*a, **kw):
-        return with_stand_in(load(*a, **kw), args.engine_us, args.engine_ns_per_token)
+        return with_stand_in(load(*a, **kw), engine_us, engine_ns_per_token)
 
     sidecar.serve.load_registry = load_with_stand_in
-    return fern(rest)
 
 
 if __name__ == "__main__":
