@@ -4,9 +4,11 @@ A target names one sidecar ("host:port", "unix:/path") or several: a comma-separ
 ("10.0.0.1:50051,10.0.0.2:50051"), or a name gRPC resolves to many addresses and re-resolves
 ("dns:///fern.default.svc:50051", a headless Service in Kubernetes). For more than one
 address the channel balances calls round-robin, and retries an Embed call that a sidecar
-refused with UNAVAILABLE (down, draining) or RESOURCE_EXHAUSTED (queue full) on the next one:
-embedding is a pure function of its inputs, so a retried call cannot apply twice. Streams
-are not retried (a stream that broke midway has already delivered results).
+refused with UNAVAILABLE (down, draining) or RESOURCE_EXHAUSTED (queue full) on the next one,
+and one it cancelled (a call that reaches a sidecar in the instant between its drain and its
+connections closing is cancelled by gRPC's own shutdown; a call the caller cancels is never
+retried): embedding is a pure function of its inputs, so a retried call cannot apply twice.
+Streams are not retried (a stream that broke midway has already delivered results).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ RETRY_POLICY = {
     "initialBackoff": "0.05s",
     "maxBackoff": "1s",
     "backoffMultiplier": 2,
-    "retryableStatusCodes": ["UNAVAILABLE", "RESOURCE_EXHAUSTED"],
+    "retryableStatusCodes": ["UNAVAILABLE", "RESOURCE_EXHAUSTED", "CANCELLED"],
 }
 # A ping every 30 s on a channel with calls in flight finds a dead peer (a host that vanished
 # without closing its connections) within 40 s instead of the kernel's TCP timeout.

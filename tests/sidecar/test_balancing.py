@@ -40,8 +40,52 @@ def test_the_service_config_retries_only_the_pure_unary_methods():
     assert config["loadBalancingConfig"] == [{"round_robin": {}}]
     (method,) = config["methodConfig"]
     assert {m["method"] for m in method["name"]} == {"Embed", "ListModels"}
-    assert set(method["retryPolicy"]["retryableStatusCodes"]) == {"UNAVAILABLE", "RESOURCE_EXHAUSTED"}
+    assert set(method["retryPolicy"]["retryableStatusCodes"]) == {"UNAVAILABLE", "RESOURCE_EXHAUSTED", "CANCELLED"}
     assert 1 < method["retryPolicy"]["maxAttempts"] <= 5
+
+
+class _StubEmbedder:
+    """A real gRPC server whose Embed either answers one zero vector or, as a sidecar whose
+    gRPC shutdown has begun does to a call arriving on an open connection, cancels the call."""
+
+    def __init__(self, cancel: bool) -> None:
+        from concurrent import futures
+
+        import grpc
+
+        from sidecar.wire import embedder_pb2 as pb
+        from sidecar.wire import embedder_pb2_grpc as pb_grpc
+
+        stub = self
+
+        class Servicer(pb_grpc.EmbedderServicer):
+            def Embed(self, request, context):
+                stub.calls += 1
+                if cancel:
+                    context.abort(grpc.StatusCode.CANCELLED, "CANCELLED")
+                return pb.EmbedResponse(model="stub", count=1, dimensions=4, vectors=bytes(16),
+                                        token_counts=[len(request.texts[0])])
+
+        self.calls = 0
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_EmbedderServicer_to_server(Servicer(), self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+
+def test_a_call_a_stopping_sidecar_cancels_is_retried_on_another():
+    # gRPC's own shutdown cancels a call that reaches a sidecar in the instant between its drain
+    # and its connections closing; an Embed is pure, so the balanced client runs it elsewhere.
+    cancelling, answering = _StubEmbedder(cancel=True), _StubEmbedder(cancel=False)
+    try:
+        with FernClient(f"127.0.0.1:{cancelling.port},127.0.0.1:{answering.port}", timeout=30) as client:
+            for i in range(20):
+                assert client.embed([f"text {i}"]).vectors.shape == (1, 4)
+        assert cancelling.calls >= 1  # round_robin did send calls to the stopping one
+        assert answering.calls == 20
+    finally:
+        cancelling.server.stop(0)
+        answering.server.stop(0)
 
 
 def _served_calls(process) -> int:
