@@ -113,9 +113,10 @@ def test_a_running_worker_reports_as_rows_come_in(posts, pg_target):
 
     assert fern_pg("vectorize", "--dsn", posts, "--target", pg_target, "posts",
                    "-c", "body").returncode == 0
+    # PYTHONFAULTHANDLER: a worker that does not stop dumps every thread's stack on SIGABRT below.
     worker = subprocess.Popen([*fern_command(), "pg", "worker", "--dsn", posts, "--target",
                                pg_target, "--report-every", "0.5"], stderr=subprocess.PIPE,
-                              text=True, env=clean_env())
+                              text=True, env=clean_env(PYTHONFAULTHANDLER="1"))
     lines: queue.Queue[str] = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in worker.stderr],
                               daemon=True)
@@ -133,7 +134,17 @@ def test_a_running_worker_reports_as_rows_come_in(posts, pg_target):
         assert any("public.posts.embedding: 0 pending, 0 failed" in s for s in seen), seen
         # Ctrl-C: the worker stops and says what it did in all.
         worker.send_signal(signal.SIGINT)
-        assert worker.wait(60) == 0
+        try:
+            code = worker.wait(60)
+        except subprocess.TimeoutExpired:
+            worker.send_signal(signal.SIGABRT)  # where each of its threads is stuck, into its stderr
+            worker.wait(30)
+            reader.join(30)
+            stuck = []
+            while not lines.empty():
+                stuck.append(lines.get())
+            pytest.fail("the worker did not stop within 60 s of SIGINT:\n" + "".join(seen + stuck))
+        assert code == 0
     finally:
         if worker.poll() is None:
             worker.kill()
