@@ -508,6 +508,7 @@ def _worker(args: argparse.Namespace) -> int:
               "`fern pg install --dsn ...` first", file=sys.stderr)
         return 2
     worker = Worker(config)
+    _stop_on_sigterm()
     try:
         _check_sidecar(worker.client, args.once)
         with _Reporter(args.dsn, worker.stats, args.report_every):
@@ -523,6 +524,15 @@ def _worker(args: argparse.Namespace) -> int:
         return 2
     finally:
         worker.close()
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (a service manager or Kubernetes stopping the worker) stops it as Ctrl-C does: the
+    batch in hand is written or rolled back, and the worker says what it did in all."""
+    import signal
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 SIDECAR_WAIT_S = 20.0  # how long `--once` waits for a sidecar that does not answer yet
