@@ -419,13 +419,16 @@ def _latency_e2e(ctx: Context, name: str, tok: Tokenizer) -> dict[str, Any]:
                                   seed=seed, vocabulary=ctx.options.texts)
 
             settings = CLIENT_SETTINGS if length == 128 else {"default": {}}
-            rows = {setting: _latency_client(served.target, texts(length * 10 + k), ctx.plan.e2e_iters, env)
-                    for k, (setting, env) in enumerate(settings.items())}
+
+            def by_setting(target: str, first_seed: int) -> dict[str, Any]:
+                return {setting: _latency_client(target, texts(first_seed + k), ctx.plan.e2e_iters, env)
+                        for k, (setting, env) in enumerate(settings.items())}
+
+            rows = by_setting(served.target, length * 10)
             result[str(length)] = rows["default"]
             result["by_client_setting"][str(length)] = rows
             # The socket under the same client settings as TCP, so each door is compared like for like.
-            uds = {setting: _latency_client(f"unix:{socket_path}", texts(length * 10 + 5 + k), ctx.plan.e2e_iters, env)
-                   for k, (setting, env) in enumerate(settings.items())}
+            uds = by_setting(f"unix:{socket_path}", length * 10 + 5)
             result["uds"][str(length)] = uds["default"]
             result["uds_by_client_setting"][str(length)] = uds
         return result
@@ -1043,9 +1046,7 @@ def summary(results: dict[str, Any]) -> str:
         rows = e.get("e2e", {}).get("by_client_setting", {}).get("128", {})
         e2e = " | ".join(f"e2e gRPC ({setting} client) p50 {r['p50_ms']:.3f} ms p99 {r['p99_ms']:.3f} ms"
                          for setting, r in rows.items()) or f"e2e {e.get('e2e', {}).get('skipped', 'n/a')}"
-        e2e_result = e.get("e2e", {})
-        uds_rows = e2e_result.get("uds_by_client_setting", {}).get("128") or (
-            {"default": e2e_result["uds"]["128"]} if "128" in e2e_result.get("uds", {}) else {})
+        uds_rows = e.get("e2e", {}).get("uds_by_client_setting", {}).get("128", {})
         e2e += "".join(f" | e2e over the Unix socket ({setting} client) p50 {r['p50_ms']:.3f} ms "
                        f"p99 {r['p99_ms']:.3f} ms" for setting, r in uds_rows.items())
         length = "128" if "128" in e["engine"] else next(iter(e["engine"]), None)
