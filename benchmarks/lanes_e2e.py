@@ -232,17 +232,17 @@ def main(argv: list[str] | None = None) -> int:
     queries = make_texts(tokenizer, [args.online_tokens] * (per_phase * 2 * args.rounds + 200), seed=26)
     extra = [a for arg in args.serve_arg for a in arg.split()]
     launcher: tuple[str, ...] = ("-m", "sidecar.cli")
+    stand_in: tuple[str, ...] = ()  # the stand-in's flags, for tools.profiling.stand_in or .traced
     if args.stand_in:
         engine_us, ns_per_token = (float(x) for x in args.stand_in.split(","))
-        launcher = ("-m", "tools.profiling.stand_in", "--engine-us", str(engine_us),
-                    "--engine-ns-per-token", str(ns_per_token))
+        stand_in = ("--engine-us", str(engine_us), "--engine-ns-per-token", str(ns_per_token))
+        launcher = ("-m", "tools.profiling.stand_in", *stand_in)
         gpu = SchedulerConfig()  # the budgets a GPU engine gets (the CPU's are for a CPU forward pass)
         budgets = [str(a) for flag, field in SCHEDULER_KNOBS.items() for a in (f"--{flag}", getattr(gpu, field))]
         extra = [*budgets, *extra]
     log_dir = Path(tempfile.mkdtemp(prefix="fern-lanes-"))
     trace_file, client_marks = log_dir / "trace.json", {}
     if args.trace:
-        stand_in = list(launcher[2:]) if args.stand_in else []  # the stand-in's --engine-us and --engine-ns-per-token
         launcher = ("-m", "tools.profiling.traced", "--out", str(trace_file), *stand_in)
     served = start_sidecar(Path(args.model) if args.model else None, device=args.device, extra=extra,
                            log_dir=log_dir, name="lanes", launcher=launcher)
