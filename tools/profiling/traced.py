@@ -45,7 +45,7 @@ class CallTrace:
     def __init__(self) -> None:
         self.calls: list[dict] = []
         self.steps: list[tuple[int, int, bool]] = []  # (launched ns, tokens, carries ONLINE work)
-        self._by_request: dict[int, tuple[object, dict]] = {}  # id(Request) -> (the Request, its call)
+        self.in_flight: dict[int, tuple[object, dict]] = {}  # id(Request) -> (the Request, its call), until delivered
 
     def as_json(self) -> dict:
         return {"clock": "perf_counter_ns", "calls": self.calls, "steps": self.steps}
@@ -103,7 +103,7 @@ def install(trace: CallTrace) -> None:
         call = _CURRENT.get()
         if call is not None and lane == Lane.ONLINE:
             call["admitted"] = clock()
-            trace._by_request[id(request)] = (request, call)
+            trace.in_flight[id(request)] = (request, call)
         return request
 
     Scheduler._new_request = traced_new_request
@@ -115,7 +115,7 @@ def install(trace: CallTrace) -> None:
         now = clock()
         online = False
         for chunk in step.chunks:
-            entry = trace._by_request.get(id(chunk.request))
+            entry = trace.in_flight.get(id(chunk.request))
             if entry is not None and entry[0] is chunk.request:
                 online = True
                 entry[1].setdefault("launched", now)
@@ -132,11 +132,11 @@ def install(trace: CallTrace) -> None:
         out = deliver(self, worker, step, rows, on_loop=on_loop)
         now = clock()
         for chunk in step.chunks:
-            entry = trace._by_request.get(id(chunk.request))
+            entry = trace.in_flight.get(id(chunk.request))
             if entry is not None and entry[0] is chunk.request:
                 entry[1]["delivered"] = now
                 if chunk.end == chunk.request.size:
-                    trace._by_request.pop(id(chunk.request), None)
+                    trace.in_flight.pop(id(chunk.request), None)
         return out
 
     Scheduler._deliver = traced_deliver
