@@ -55,18 +55,24 @@ def by_id(ds: "ray.data.Dataset") -> np.ndarray:
     return np.stack(frame["embedding"].to_numpy()).astype(np.float32, copy=False)
 
 
-def _start_ray(attempts: int = 2) -> None:
-    """`ray.init` for a local instance, again when its node missed Ray's fixed 30 s start-up wait.
+# What Ray raises when a start-up piece misses its fixed wait: the raylet (30 s) or the GCS
+# server's port file (RAY_gcs_server_port_wait_time_s, 30 s by default).
+_START_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")
 
-    On a 2-core host a start's raylet can fail to come up at all (no raylet log, the GCS waiting
-    for a node) where the next start takes 2-12 s, even under a full load; any other error is raised.
+
+def _start_ray(attempts: int = 3) -> None:
+    """`ray.init` for a local instance, again when one of its processes missed Ray's start-up wait.
+
+    On a loaded 2-core host a start's raylet can fail to come up at all (no raylet log, the GCS
+    waiting for a node), or the GCS server can miss its port-file wait, where the next start takes
+    2-12 s; any other error is raised.
     """
     for attempt in range(1, attempts + 1):
         try:
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
             return
-        except Exception as exc:  # Ray raises a bare Exception for this
-            if attempt == attempts or "timed out during startup" not in str(exc):
+        except Exception as exc:  # Ray raises a bare Exception or a RuntimeError for these
+            if attempt == attempts or not any(t in str(exc) for t in _START_TIMEOUTS):
                 raise
             ray.shutdown()
 
@@ -78,6 +84,7 @@ def local_ray() -> Iterator[None]:
         path = os.environ.get("PYTHONPATH", "")
         patch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(ROOT), path) if p))
         patch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        patch.setenv("RAY_gcs_server_port_wait_time_s", "90")
         _start_ray()
         ray.data.DataContext.get_current().enable_progress_bars = False
         try:
