@@ -145,11 +145,16 @@ def running_worker(dsn: str, target: str, batch_size: int) -> Iterator[subproces
 
 def write_result(name: str, argv: list[str] | None, result: dict[str, Any], out: Path) -> None:
     """Write `result` with the exact command, machine and date; print it."""
+    from benchmarks.provenance import code_identity
+
     args = argv if argv is not None else sys.argv[1:]
+    # The module `python -m` ran (tools.profiling.* as well as benchmarks.*).
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    module = spec.name if spec is not None and spec.name.endswith(f".{name}") else f"benchmarks.{name}"
     full = {"benchmark": name,
-            "command": f"python -m benchmarks.{name} " + " ".join(shlex.quote(a) for a in args),
+            "command": f"python -m {module} " + " ".join(shlex.quote(a) for a in args),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine(), **result}
+            "machine": machine(), **code_identity(), **result}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(full, indent=2) + "\n")
     print(json.dumps(full, indent=2))

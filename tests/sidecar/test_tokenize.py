@@ -492,7 +492,7 @@ def test_worker_processes_give_the_threads_ids(spec, tok, proc_tok):
     # The same ids as the threads give, truncated, whole and plain, over several slices of
     # ASCII, non-ASCII and over-long texts; and the processes did the work.
     texts = _bulk(_differential_texts(3))
-    assert proc_tok._processes._pool._initargs[1] == (proc_tok._model,)  # loaded as the workers start
+    assert proc_tok._processes._started_with == (proc_tok._model,)  # loaded as the workers start
     served = proc_tok.process_slices
     seqs = asyncio.run(proc_tok.encode_async(texts))
     assert _values(seqs) == asyncio.run(tok.encode_async(texts))
@@ -546,17 +546,89 @@ def test_a_killed_worker_process_loses_no_text_and_is_replaced(tok, proc_tok, ca
     texts = _bulk(["some words here and there"] * 50)
     expected = tok.encode(texts)
     assert _values(asyncio.run(proc_tok.encode_async(texts))) == expected  # the workers have served
-    broken = proc_tok._processes._pool
-    for pid in list(broken._processes):
+    killed = proc_tok._processes.pids
+    for pid in killed:
         os.kill(pid, signal.SIGKILL)
     with caplog.at_level("WARNING", logger="sidecar.tokenize"):
         assert _values(asyncio.run(proc_tok.encode_async(texts))) == expected  # redone on the threads
-    assert proc_tok._processes._pool is not broken and "died" in caplog.text
-    assert proc_tok.process_restarts == 1 and proc_tok.process_failures >= 1
+    assert "died" in caplog.text and not set(proc_tok._processes.pids) & set(killed)
+    assert proc_tok.process_restarts == len(killed) == proc_tok.process_failures  # one per worker
     assert proc_tok.live_processes == 2
     served = proc_tok.process_slices
     assert _values(asyncio.run(proc_tok.encode_async(texts))) == expected
     assert proc_tok.process_slices > served  # the new workers serve
+
+
+def test_a_worker_process_takes_a_slice_larger_than_its_pipes_both_ways(spec, tok):
+    # One slice of ~1 MB of text (its ids ~0.5 MB) sent straight to a worker: both pipes
+    # (64 KB each) fill and drain while the loop writes and reads in turns, and the ids are whole.
+    from sidecar.tokenize import TokenizerProcesses, WorkerModel
+
+    procs = TokenizerProcesses(1, 1)
+    model = WorkerModel(str(spec.tokenizer_path), spec.max_tokens, None)
+    procs.add(model)
+    try:
+        texts = [f"passage {i} " + "lantern harbor quartz meadow " * 18 for i in range(2000)]
+        seqs, fate = asyncio.run(procs.ids(model, texts, "truncate"))
+        assert fate == "" and _values(seqs) == tok.encode(texts) and _int32_arrays(seqs)
+        assert sum(map(len, texts)) > 1_000_000 and 4 * sum(map(len, seqs)) > 500_000
+    finally:
+        procs.remove()
+
+
+def test_a_worker_process_error_is_raised_for_its_slice_and_the_worker_goes_on(spec, tok):
+    # A model whose tokenizer the worker cannot load: that slice raises the worker's error,
+    # the same worker (no restart) serves the next slice.
+    from sidecar.tokenize import TokenizerProcesses, WorkerModel
+
+    procs = TokenizerProcesses(1, 1)
+    model = WorkerModel(str(spec.tokenizer_path), spec.max_tokens, None)
+    procs.add(model)
+    try:
+        texts = ["some words here and there"] * 300
+        assert asyncio.run(procs.ids(model, texts, "truncate"))[1] == ""
+        pids = procs.pids
+        with pytest.raises(Exception) as info:
+            asyncio.run(procs.ids(WorkerModel("/nonexistent/tokenizer.json", 10, None), texts, "truncate"))
+        assert "/nonexistent/tokenizer.json" in info.value.__notes__[-1]
+        seqs, fate = asyncio.run(procs.ids(model, texts, "truncate"))
+        assert fate == "" and _values(seqs) == tok.encode(texts) and procs.pids == pids
+    finally:
+        procs.remove()
+
+
+def test_a_slice_whose_caller_went_away_frees_its_worker(spec, tok):
+    # Callers cancelled while their slices are in the workers (a client gone mid-request), and
+    # an event loop that ends with a slice in flight (asyncio.run returning): the workers'
+    # answers are dropped, and the next request is served by the workers, whole.
+    from sidecar.tokenize import TokenizerProcesses
+
+    procs = TokenizerProcesses(2, 1)
+    t = TextTokenizer.for_spec(spec, workers=1, processes=procs)
+    procs.start()
+    texts = _bulk(_differential_texts(4))
+    expected = tok.encode(texts)
+    try:
+        assert _values(asyncio.run(t.encode_async(texts))) == expected
+
+        async def cancelled_midway(wait: bool) -> None:
+            task = asyncio.create_task(t.encode_async(texts))
+            while not any(w.busy for w in procs._workers):
+                await asyncio.sleep(0.001)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            if wait:  # the workers' answers come and are dropped on this loop
+                while any(w.busy for w in procs._workers):
+                    await asyncio.sleep(0.01)
+
+        for wait in (True, False):
+            asyncio.run(cancelled_midway(wait))
+            served = t.process_slices
+            assert _values(asyncio.run(t.encode_async(texts))) == expected
+            assert t.process_slices > served and t.process_failures == 0
+    finally:
+        t.close()
 
 
 def test_worker_processes_that_cannot_start_leave_the_threads_tokenizing(spec, tok, caplog):
@@ -570,7 +642,7 @@ def test_worker_processes_that_cannot_start_leave_the_threads_tokenizing(spec, t
         with caplog.at_level("ERROR", logger="sidecar.tokenize"):
             for _ in range(2):
                 assert asyncio.run(t.encode_async(texts)) == tok.encode(texts)
-        assert procs.given_up and procs._pool is None and caplog.text.count("failed before serving") == 1
+        assert procs.given_up and not procs.pids and caplog.text.count("failed before serving") == 1
         assert t.live_processes == 0 and t.process_restarts == 0 and t.process_slices == 0
     finally:
         t.close()
@@ -592,13 +664,13 @@ def test_models_share_one_set_of_worker_processes(spec):
         for t, threads in zip((first, second), alone):
             assert _values(asyncio.run(t.encode_async(texts))) == threads.encode(texts)
             assert t.process_slices > 0 and t.live_processes == 1
-        assert len(procs._pool._processes) == 1
-        pool = procs._pool
+        assert len(procs.pids) == 1
+        pids = procs.pids
         first.close()
-        assert procs._pool is pool  # still serving the second model
+        assert procs.pids == pids  # still serving the second model
         assert _values(asyncio.run(second.encode_async(texts))) == alone[1].encode(texts)
         second.close()
-        assert procs._pool is None
+        assert not procs.pids
     finally:
         for t in (first, second, *alone):
             t.close()
@@ -623,13 +695,13 @@ def test_a_registry_of_several_models_runs_one_set_of_worker_processes(spec):
         first, second = (served.tokenizer for served in reg)
         assert first._processes is second._processes and first.processes == second.processes == 1
         procs = first._processes
-        assert procs._pool is not None and procs._models == [first._model]  # the same tokenizer twice
-        assert procs._pool._initargs[1] == (first._model,)  # loaded as the workers start
+        assert procs.pids and procs._models == [first._model]  # the same tokenizer twice
+        assert procs._started_with == (first._model,)  # loaded as the workers start
         texts = _bulk(["some words here and there"] * 50)
         assert _values(asyncio.run(second.encode_async(texts))) == first.encode(texts) and second.process_slices > 0
     finally:
         reg.close()
-    assert procs._pool is None
+    assert not procs.pids
 
 
 def test_the_worker_processes_int32_ids_embed_to_the_threads_vectors():

@@ -1,6 +1,6 @@
 """What a bulk request's ids cost the server once a tokenizer worker process has made them.
 
-A worker sends a slice's ids back as int32 bytes (`sidecar.tokenize.pool._worker_ids`). In the
+A worker sends a slice's ids back as int32 bytes (`sidecar.tokenize.pool._packed_ids`). In the
 server those bytes are unpacked (`_unpacked`) and packed into a step's int64 buffer
 (`core_engine.batch.pack_into`, the whole-array way a bulk step takes), on the event loop and
 the engine's thread, where queries wait for the same GIL. This times both, per request of
@@ -27,10 +27,10 @@ from benchmarks.provenance import result_header
 from benchmarks.texts import make_texts
 from core_engine.batch import pack_into, packed_size
 from core_engine.graphs import GraphKey
-from sidecar.tokenize.pool import WorkerModel, _start_worker, _unpacked, _worker_ids
+from sidecar.tokenize.pool import _WORKER, WorkerModel, _packed_ids, _unpacked
 
 
-def _timed(packed: tuple[bytes, bytes], how: str, key: GraphKey, ramp: np.ndarray) -> tuple[float, float]:
+def _timed(packed: memoryview, how: str, key: GraphKey, ramp: np.ndarray) -> tuple[float, float]:
     """Milliseconds to unpack `packed` as `how` gives it, and to pack those ids into a step's buffer."""
     buf = np.empty(packed_size(key.tokens, key.slots), dtype=np.int64)
     started = time.perf_counter()
@@ -48,9 +48,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(26)
     texts = make_texts(tokenizer, rng.integers(args.low, args.high + 1, size=args.texts).tolist(), seed=26)
     model = WorkerModel(str(tokenizer), max_tokens=512, eos_id=None)
-    _start_worker(1, (model,))  # this process plays the worker: the same bytes a worker sends
-    packed = _worker_ids(model, texts, "truncate")
-    lengths = np.frombuffer(packed[1], dtype=np.int32)
+    _WORKER.start(1, (model,))  # this process plays the worker: the same bytes a worker sends
+    packed = memoryview(_packed_ids(model, texts, "truncate")).toreadonly()[1:]  # less its OK byte
+    lengths = np.array([len(ids) for ids in _unpacked(packed, "truncate")])
     key = GraphKey(int(lengths.sum()), len(lengths), int(lengths.max()))
     ramp = np.arange(key.tokens, dtype=np.int64)
     ways = {"int32_views": "truncate", "int_lists": "plain"}  # "plain" only picks lists here

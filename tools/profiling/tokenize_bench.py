@@ -11,6 +11,10 @@ at the model's limit), each timed with the id lists built, over interleaved roun
 - processes: the same with worker processes (--processes, default as the sidecar's), for
   the requests of PROCESS_CHARS and more that go to them.
 
+Each method's CPU time in this process (all its threads, not the worker processes') is given
+per million tokens (`cpu_ms_per_m_tokens`): for "processes", what the sidecar itself spends
+to send the slices and take their ids back, time its event loop and engine thread cannot use.
+
 Workloads: the GPU suite's queries, passages and long documents (benchmarks/texts.py), and
 "prose": paragraphs of Python's own documentation (real English with punctuation, code,
 line breaks and some non-ASCII), so the word mix is not only the synthetic vocabulary.
@@ -107,16 +111,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for name, texts in workloads.items():
             expected = methods["raw"](texts)
-            for method, fn in methods.items():
-                if fn(texts) != expected:
+            for method, fn in methods.items():  # the worker processes' ids are int32 arrays
+                if [list(map(int, ids)) for ids in fn(texts)] != expected:
                     raise AssertionError(f"{method} gave other ids than raw on {name}")
             tokens = sum(map(len, expected))
             seconds: dict[str, list[float]] = {m: [] for m in methods}
+            cpu: dict[str, list[float]] = {m: [] for m in methods}
             for _ in range(args.rounds):
                 for method, fn in methods.items():  # interleaved, so drifting load hits all alike
-                    start = time.perf_counter()
+                    start, cpu_start = time.perf_counter(), time.process_time()
                     fn(texts)
                     seconds[method].append(time.perf_counter() - start)
+                    cpu[method].append(time.process_time() - cpu_start)
             rates = {m: tokens / statistics.median(s) for m, s in seconds.items()}
             rows[name] = {"texts": len(texts), "tokens": tokens,
                           "ascii_twin_share": sum(map(fern.core.full_twin.fits, texts)) / len(texts)
@@ -124,7 +130,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                           "tokens_per_s": {m: round(r) for m, r in rates.items()},
                           "spread_tokens_per_s": {m: [round(tokens / max(s)), round(tokens / min(s))]
                                                   for m, s in seconds.items()},
-                          "sliced_over_raw": round(rates["sliced"] / rates["raw"], 3)}
+                          "sliced_over_raw": round(rates["sliced"] / rates["raw"], 3),
+                          # This process's CPU (all its threads, not the worker processes'):
+                          # for "processes", what the sidecar itself spends on the workers' path.
+                          "cpu_ms_per_m_tokens": {m: round(statistics.median(c) * 1e9 / tokens, 1)
+                                                  for m, c in cpu.items()}}
             print(f"{name:9s} " + "  ".join(f"{m} {r / 1e6:6.2f} M" for m, r in rates.items()), flush=True)
     finally:
         fern.close()
