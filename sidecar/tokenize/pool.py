@@ -10,7 +10,7 @@ are spawned (the parent holds CUDA and threads), so they start from a clean inte
 Each worker has a pipe each way, and the event loop that sends a slice writes it and reads the
 answer itself, non-blocking, as the pipes take and give bytes. A ProcessPoolExecutor would run
 two threads in the sidecar for this (its manager and its queue's feeder), each taking the GIL for
-every slice: the same bulk load cost the sidecar ~30 % more CPU per token on the workers' path
+every slice; the pipes take 27-40 % off the sidecar's CPU per token on the workers' path
 (`python -m tools.profiling.tokenize_bench --processes 1`, `cpu_ms_per_m_tokens`).
 """
 
