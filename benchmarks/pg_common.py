@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
-import os
-import platform
 import random
 import shlex
 import subprocess
@@ -15,6 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+from benchmarks.provenance import code_identity, machine
 
 if TYPE_CHECKING:
     from benchmarks.server import ServedSidecar
@@ -99,26 +99,6 @@ def best_of_rounds(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str,
     return {name: max(values, key=lambda r: r["rows_per_s"]) for name, values in runs.items()}
 
 
-def machine() -> dict[str, Any]:
-    """CPU model, cores, load average at the start (the machine is shared), platform."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass  # not Linux: platform.processor() is what we have
-    try:
-        import torch
-
-        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:
-        gpu = None
-    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "platform": platform.platform(),
-            "python": platform.python_version(), "load_average": list(os.getloadavg())}
-
-
 def start_sidecar(device: str) -> ServedSidecar:
     """`fern serve` in a subprocess (benchmarks/server.py); returns the ServedSidecar."""
     from benchmarks.server import start_sidecar as start
@@ -145,8 +125,6 @@ def running_worker(dsn: str, target: str, batch_size: int) -> Iterator[subproces
 
 def write_result(name: str, argv: list[str] | None, result: dict[str, Any], out: Path) -> None:
     """Write `result` with the exact command, machine and date; print it."""
-    from benchmarks.provenance import code_identity
-
     args = argv if argv is not None else sys.argv[1:]
     # The module `python -m` ran (tools.profiling.* as well as benchmarks.*).
     spec = getattr(sys.modules["__main__"], "__spec__", None)

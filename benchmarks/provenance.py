@@ -1,4 +1,5 @@
-"""Which code a benchmark ran: the git commit, whether the sources differ from it, and a hash of the sources.
+"""Which code and machine a benchmark ran on: the git commit, whether the sources differ from it, a hash
+of the sources, and the machine.
 
 A copy of the working tree made for another machine can carry a `.git` whose HEAD is not
 the code that was copied (the GPU device's copy does), so a commit alone can name the wrong
@@ -10,9 +11,12 @@ result can be matched to its code.
 from __future__ import annotations
 
 import hashlib
+import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("core_engine", "sidecar", "adapters", "benchmarks", "protos")
@@ -65,11 +69,29 @@ def code_identity(root: Path = ROOT) -> dict[str, object]:
     return {"git_commit": commit, "sources_match_commit": matches, "source_sha256": tree}
 
 
+def machine() -> dict[str, Any]:
+    """CPU model, cores, load average at the start (the machine is shared), platform."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass  # not Linux: platform.processor() is what we have
+    try:
+        import torch
+
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        gpu = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "platform": platform.platform(),
+            "python": platform.python_version(), "load_average": list(os.getloadavg())}
+
+
 def result_header(module: str, argv: list[str] | None) -> dict[str, object]:
     """What a small benchmark's JSON starts with: its exact command, the date, the machine, the code."""
     import datetime as dt
-
-    from benchmarks.pg_common import machine
 
     return {"command": f"python -m {module} " + " ".join(argv if argv is not None else sys.argv[1:]),
             "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -200,7 +200,7 @@ class _Worker:
         os.set_blocking(self._out, False)
         os.set_blocking(self._in, False)
         self._settled = settled
-        self.busy = self.served = self.dead = False
+        self.busy = self.dead = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._answer: asyncio.Future[memoryview] | None = None
         self._pending = memoryview(b"")
@@ -222,7 +222,6 @@ class _Worker:
         message = await answer
         if message[:1] == FAILED:
             raise pickle.loads(message[1:])
-        self.served = True
         return message[1:]
 
     def _writable(self) -> None:

@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.client is not None:
         client(args.client, args.iters)
         return 0
-    from benchmarks.pg_common import machine
+    from benchmarks.provenance import machine
 
     names = [name for name in VARIANTS if not args.only or name in args.only]
     unknown = set(args.only or ()) - set(VARIANTS)
