@@ -8,7 +8,9 @@ repeated), and both at once. It reports online p50/p99/p99.9 per phase and batch
 and the mixed figures beside the solo ones: the lane guarantee is online p99 held while the
 batch lane keeps its throughput. The online client sends one query at a time; where one is
 still out when the next is due, that one goes late, and each phase's `from_schedule`
-percentiles count that wait too (`_online`).
+percentiles count that wait too (`_online`). Each batch window also gives the server process's
+CPU (its threads, not its tokenizer worker processes): cores busy, and milliseconds per million
+batch tokens, the cost that caps a small model's throughput through the server.
 
     python -m benchmarks.lanes_e2e --device cpu --online-rate 5 --batch-clients 1 --batch-texts 16 \\
         --seconds 5 --rounds 1 --out benchmarks/results/cpu/lanes_e2e.json
@@ -156,6 +158,12 @@ STAGES = (("grpc_in", "sent", "handler"), ("prepare", "handler", "prepared"), ("
           ("grpc_out", "handler_end", "answered"))
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stage_breakdown(trace: dict, client_marks: dict[str, list[tuple[int, int, int]]]) -> dict:
     """Per phase: each stage's percentiles over the phase's queries, and each stage's mean over the
     slowest 1 % of them (where their time went), with how many steps were launched while they were
@@ -266,19 +274,22 @@ def main(argv: list[str] | None = None) -> int:
             windows.put((start, end))
         go.set()
         spies = _py_spy(served.process.pid, args.py_spy, profile, args.warmup_seconds, args.seconds)
-        online_result = None
-        if online is not None:
-            time.sleep(args.warmup_seconds)
-            online_result = online()
+        time.sleep(max(0.0, start - time.time()))
+        cpu_start = process_cpu_seconds(served.process.pid)
+        online_result = online() if online is not None else None
         time.sleep(max(0.0, end - time.time()))
+        cpu = process_cpu_seconds(served.process.pid) - cpu_start
         go.clear()
         for spy in spies:
             spy.wait(timeout=60)
         parts = [results.get(timeout=600) for _ in workers]
         tokens = sum(r["tokens"] for r in parts)
         return {"tokens_per_s": round(tokens / args.seconds, 1), "texts_per_s": round(
-            sum(r["texts"] for r in parts) / args.seconds, 1), "requests": sum(r["requests"] for r in parts)}, \
-            online_result
+            sum(r["texts"] for r in parts) / args.seconds, 1), "requests": sum(r["requests"] for r in parts),
+            # The server's own process (its loop, engine thread, tokenizer threads; not its
+            # tokenizer worker processes): cores busy over the window, and CPU per batch token.
+            "server_cpu_cores": round(cpu / args.seconds, 3),
+            "server_cpu_ms_per_m_tokens": round(cpu * 1e9 / max(tokens, 1), 1)}, online_result
 
     header = result_header("benchmarks.lanes_e2e", argv)
     rounds, cursor = [], 0
@@ -305,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                                                       for x in rounds],
                 "batch_alone_tokens_per_s": [x["batch_alone"]["tokens_per_s"] for x in rounds],
                 "batch_mixed_over_alone": [x["batch_mixed_over_alone"] for x in rounds],
+                "batch_alone_server_cpu_ms_per_m_tokens": [x["batch_alone"]["server_cpu_ms_per_m_tokens"]
+                                                           for x in rounds],
             },
         }
         if args.out:

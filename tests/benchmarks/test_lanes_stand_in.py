@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import numpy as np
@@ -57,6 +58,17 @@ def test_online_latency_from_schedule_counts_the_wait_of_a_query_held_back_by_a_
 
 
 @pytest.mark.slow
+def test_process_cpu_seconds_reads_a_process_s_cpu_time_from_proc():
+    # This process spins for 0.3 s of its own CPU time (process_time counts CPU, not wall, so a
+    # loaded machine only makes the spin take longer): /proc says about as much went by.
+    before = lanes_e2e.process_cpu_seconds(os.getpid())
+    start = time.process_time()
+    while time.process_time() - start < 0.3:
+        pass
+    spent = lanes_e2e.process_cpu_seconds(os.getpid()) - before
+    assert 0.2 <= spent <= time.process_time() - start + 0.1
+
+
 def test_lanes_e2e_with_a_stand_in_runs_every_phase_with_the_gpu_budgets_and_traces_each_query(tmp_path):
     out = tmp_path / "lanes.json"
     assert lanes_e2e.main(["--stand-in", "100,100", "--online-rate", "20", "--batch-clients", "1",
@@ -76,6 +88,10 @@ def test_lanes_e2e_with_a_stand_in_runs_every_phase_with_the_gpu_budgets_and_tra
     assert result["summary"]["online_mixed_p99_from_schedule_ms"] == [
         round_["mixed"]["online"]["from_schedule"]["p99_ms"]]
     assert round_["batch_alone"]["tokens_per_s"] > 0 and round_["mixed"]["batch"]["tokens_per_s"] > 0
+    for window in (round_["batch_alone"], round_["mixed"]["batch"]):
+        assert window["server_cpu_cores"] >= 0 and window["server_cpu_ms_per_m_tokens"] >= 0
+    assert result["summary"]["batch_alone_server_cpu_ms_per_m_tokens"] == [
+        round_["batch_alone"]["server_cpu_ms_per_m_tokens"]]
     # Every query was matched to the server's record of it, and its checkpoints come in order.
     for phase in ("round 0 online alone", "round 0 mixed"):
         traced = result["trace"][phase]
