@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import grpc
 import numpy as np
@@ -612,14 +613,17 @@ def test_a_slice_whose_caller_went_away_frees_its_worker(spec, tok):
         assert _values(asyncio.run(t.encode_async(texts))) == expected
 
         async def cancelled_midway(wait: bool) -> None:
-            task = asyncio.create_task(t.encode_async(texts))
+            task = asyncio.create_task(t.encode_async(texts * 4))
+            deadline = time.monotonic() + 60
             while not any(w.busy for w in procs._workers):
+                assert not task.done() and time.monotonic() < deadline, "no slice reached a worker"
                 await asyncio.sleep(0.001)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
             if wait:  # the workers' answers come and are dropped on this loop
                 while any(w.busy for w in procs._workers):
+                    assert time.monotonic() < deadline, "a worker stayed busy after its answer was due"
                     await asyncio.sleep(0.01)
 
         for wait in (True, False):
