@@ -13,8 +13,13 @@ same machine state:
 - sentence-transformers: `CrossEncoder.predict(pairs, batch_size=B)` per query, for each
   `--st-batch-sizes` B (padding to the longest pair of each batch, as it does); the best B
   is the baseline.
+- `fern serve` (unless `--no-server`): the same checkpoint served, `--server-clients`
+  threads each sending its share of the queries as Rerank calls (raw scores) over loopback
+  gRPC: what a user's application gets, tokenizing and the wire included.
 
-Both sides' raw logits on the same pairs are compared (max difference, top-10 agreement).
+Both sides' raw logits on the same pairs are compared (max difference, top-10 agreement), and
+the rates are set beside the roofline: the model's matmul FLOPs per pair at the card's
+sustained bf16 matmul rate, measured in the same run.
 `--smoke` runs tiny sizes on the CPU in seconds: a check that the harness works, not a figure.
 """
 
@@ -96,6 +101,38 @@ class CrossEncoderSide:
                                   activation_fn=self.identity, show_progress_bar=False)
 
 
+class ServerSide:
+    """`fern serve` on the same directory, called by `clients` threads, one Rerank call per query."""
+
+    def __init__(self, path: Path, device: str, clients: int, log_dir: Path) -> None:
+        from benchmarks.server import start_sidecar
+        from sidecar.client import FernClient
+
+        self.served = start_sidecar(path, device=device, log_dir=log_dir, name="rerank")
+        self.client = FernClient(self.served.target, timeout=120.0)
+        self.clients = clients
+
+    def scores(self, query: str, documents: list[str]):
+        import numpy as np
+
+        ranked = self.client.rerank(query, documents, raw_scores=True, lane="batch")
+        out = np.empty(len(documents), dtype=np.float32)
+        for result in ranked.results:
+            out[result.index] = result.score
+        return out
+
+    def run_all(self, queries: list[str], documents: list[list[str]]) -> None:
+        """Every query once, spread over the client threads."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(self.clients) as pool:
+            list(pool.map(self.scores, queries, documents))
+
+    def close(self) -> None:
+        self.client.close()
+        self.served.stop()
+
+
 def _sig(x: float) -> float:
     """`x` to 6 significant digits."""
     return float(f"{float(x):.6g}")
@@ -111,7 +148,6 @@ def _timed(run, queries: list[str], documents: list[list[str]], sync) -> float:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    import numpy as np
     import torch
 
     arch_table = TINY_RERANKERS if args.smoke else RERANKERS
@@ -122,6 +158,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     queries, documents = _pairs_texts(args)
     fern = FernSide(path, args.device, args.max_step_tokens)
     st = CrossEncoderSide(path, args.device, dtype)
+    server = None if args.no_server else ServerSide(path, args.device, args.server_clients,
+                                                   Path(tempfile.mkdtemp(prefix="fern-rerank-")))
+    try:
+        return _measure(args, arch_table, dtype, queries, documents, fern, st, server)
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _measure(args, arch_table, dtype, queries, documents, fern, st, server) -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    from benchmarks.suite import flops_per_token, matmul_tflops, sustained_matmul_tflops
 
     def sync() -> None:
         if args.device != "cpu":
@@ -133,9 +183,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             fern.scores(query, docs)
     for b in args.st_batch_sizes:
         st.scores(queries[0], documents[0], b)
+    if server is not None:
+        for _ in range(4):  # the server's engine captures its bucket shapes lazily too
+            server.run_all(queries, documents)
 
     ours = np.concatenate([fern.scores(q, d) for q, d in zip(queries, documents)])
     theirs = np.concatenate([st.scores(q, d, args.st_batch_sizes[0]) for q, d in zip(queries, documents)])
+    served = None if server is None else np.concatenate([server.scores(q, d) for q, d in zip(queries, documents)])
     top = max(1, min(10, args.docs // 2))
     overlap = [len(set(np.argsort(-ours[i * args.docs:(i + 1) * args.docs])[:top])
                    & set(np.argsort(-theirs[i * args.docs:(i + 1) * args.docs])[:top])) / top
@@ -144,10 +198,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     pairs = args.queries * args.docs
     fern_times: list[float] = []
     st_times: dict[int, list[float]] = {b: [] for b in args.st_batch_sizes}
+    server_times: list[float] = []
     for _ in range(args.rounds):
         fern_times.append(_timed(fern.scores, queries, documents, sync))
         for b in args.st_batch_sizes:
             st_times[b].append(_timed(lambda q, d, b=b: st.scores(q, d, b), queries, documents, sync))
+        if server is not None:
+            start = time.perf_counter()
+            server.run_all(queries, documents)
+            server_times.append(time.perf_counter() - start)
 
     def rate(times: list[float]) -> float:
         return round(pairs / statistics.median(times), 1)
@@ -155,6 +214,26 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     st_rates = {str(b): rate(t) for b, t in st_times.items()}
     best = max(st_rates, key=lambda b: st_rates[b])
     tokens = sum(fern.tokens(q, d) for q, d in zip(queries, documents))
+    spec = fern.engine.spec
+    # Per pair: each pair's own matmul FLOPs (attention grows with its length), summed over all pairs.
+    flops_per_pair = sum(len(s) * flops_per_token(spec.config, spec.family, len(s), spec.causal)
+                         for q, d in zip(queries, documents) for s in fern.pairs.encode(q, d)) / pairs
+    peak = matmul_tflops(args.device)
+    sustained = sustained_matmul_tflops(args.device) or peak
+    roofline = {"flops_per_pair": round(flops_per_pair), "matmul_tflops": _sig(peak),
+                "matmul_tflops_sustained": _sig(sustained),
+                "pairs_per_s_at_sustained_matmul_rate": round(sustained * 1e12 / flops_per_pair, 1),
+                "fern_engine_fraction": round(rate(fern_times) * flops_per_pair / (sustained * 1e12), 3),
+                "sentence_transformers_fraction": round(st_rates[best] * flops_per_pair / (sustained * 1e12), 3),
+                "most_possible_over_sentence_transformers": round(sustained * 1e12 / flops_per_pair / st_rates[best], 2)}
+    server_result = None
+    if server is not None:
+        server_result = {"pairs_per_s": rate(server_times), "round_seconds": [round(t, 4) for t in server_times],
+                         "clients": args.server_clients, "lane": "batch",
+                         "over_sentence_transformers": round(rate(server_times) / st_rates[best], 3),
+                         "max_abs_logit_difference_vs_engine": _sig(np.abs(served - ours).max()),
+                         "command": " ".join(server.served.command[1:])}
+        roofline["fern_serve_fraction"] = round(rate(server_times) * flops_per_pair / (sustained * 1e12), 3)
     return {
         "arch": args.arch, "config": arch_table[args.arch].config, "device": str(fern.engine.device),
         "gpu": torch.cuda.get_device_name(fern.engine.device) if fern.engine.device.type == "cuda" else None,
@@ -168,6 +247,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "sentence_transformers": {"pairs_per_s_by_batch_size": st_rates, "best_batch_size": int(best),
                                   "pairs_per_s": st_rates[best]},
         "fern_over_sentence_transformers": round(rate(fern_times) / st_rates[best], 3),
+        "fern_serve": server_result,
+        "roofline": roofline,
         # Random weights: the logits are close together, so the difference is given beside their range.
         "agreement": {"max_abs_logit_difference": _sig(np.abs(ours - theirs).max()),
                       "logit_range": _sig(np.ptp(theirs)), "max_abs_logit": _sig(np.abs(theirs).max()),
@@ -187,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--st-batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[32, 64, 128])
     parser.add_argument("--max-step-tokens", type=int, default=None,
                         help="tokens per engine step (default: the engine's); a query's pairs are split into such steps")
+    parser.add_argument("--server-clients", type=int, default=4,
+                        help="threads calling `fern serve`'s Rerank at once, each with its share of the queries")
+    parser.add_argument("--no-server", action="store_true", help="leave out the served side")
     parser.add_argument("--model-dir", type=Path, default=None, help="where the random checkpoint is kept")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes on the CPU (the architecture's small twin): checks the harness runs")
