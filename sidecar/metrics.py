@@ -121,7 +121,7 @@ TOKENIZER_FAMILIES: tuple[Family, ...] = (
            "Request slices whose worker process died; each was tokenized again on the threads.",
            lambda t: t.process_failures),
     Family("fern_tokenizer_process_restarts_total", "counter",
-           "Worker processes started anew after one died.", lambda t: t.process_restarts),
+           "Worker processes started anew after one died or hung.", lambda t: t.process_restarts),
 )
 
 DRAINING = Family("fern_scheduler_draining", "gauge",

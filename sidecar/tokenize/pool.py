@@ -40,6 +40,11 @@ PROCESS_CHARS = 16384
 # A request on the worker processes is cut into slices of about this many characters (and at
 # most a tokenizer's slice_texts texts), so that a few requests in flight keep every process busy.
 PROCESS_SLICE_CHARS = 65536
+# A worker that has not answered a slice (~PROCESS_SLICE_CHARS of text: milliseconds of work) in this
+# many seconds is taken to hang (stopped, deadlocked, starved), killed and replaced; the slice is
+# redone on the threads. Without it a hung worker would hold its slice's request, and then every
+# bulk request waiting for a free worker, forever.
+HANG_S = 30.0
 
 
 def default_processes(cpus: int | None = None) -> int:
@@ -207,16 +212,19 @@ class _Worker:
         self._header = bytearray()
         self._body: bytearray | None = None
         self._got = 0
+        self._watchdog: asyncio.TimerHandle | None = None
+        self.hung = False
 
-    async def run(self, model: WorkerModel, texts: list[str], how: str) -> memoryview:
+    async def run(self, model: WorkerModel, texts: list[str], how: str, hang_s: float = HANG_S) -> memoryview:
         """The worker's answer to one slice (its bytes after the OK byte, read-only); raises
         WorkerDied, or what the worker raised. A cancelled call leaves the answer to be read
-        and dropped."""
+        and dropped. A worker that has not answered within `hang_s` is killed (WorkerDied)."""
         loop = asyncio.get_running_loop()
         self.busy, self._loop = True, loop
         self._answer = answer = loop.create_future()
         self._header, self._body, self._got = bytearray(), None, 0
         self._pending = memoryview(_frame(pickle.dumps((model, how, texts), protocol=pickle.HIGHEST_PROTOCOL)))
+        self._watchdog = loop.call_later(hang_s, self._hang, hang_s)
         loop.add_reader(self._in, self._readable)
         self._writable()
         message = await answer
@@ -258,9 +266,19 @@ class _Worker:
         except OSError:
             return self._finish(None)
 
+    def _hang(self, hang_s: float) -> None:
+        """The slice is overdue: kill the worker; its pipe's end then fails the slice (WorkerDied)."""
+        log.warning("tokenizer worker process %d did not answer a slice within %g s; killing it",
+                    self.process.pid, hang_s)
+        self.hung = True
+        self.process.kill()
+
     def _finish(self, message: memoryview | None) -> None:
         """The slice is over: answered (`message`), or not because the worker is gone."""
         loop, answer = self._loop, self._answer
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         if loop is not None and not loop.is_closed():
             loop.remove_reader(self._in)
             loop.remove_writer(self._out)
@@ -303,7 +321,8 @@ class TokenizerProcesses:
     bulk request does not wait for them. A worker serves one slice at a time; the event loop
     that sent it writes it to the worker's pipe and reads the answer (see _Worker), so the
     sidecar runs no thread for them and pickles nothing but the slice's texts. A worker that
-    dies after the workers have served is replaced; if they never served (workers that cannot
+    dies, or hangs on a slice for `hang_s` seconds (then it is killed), after the workers have
+    served is replaced; if they never served (workers that cannot
     start: a main module that starts Fern again when spawned) they are given up, and every
     model tokenizes on its threads. Used from one thread (its event loop) at a time.
     """
@@ -321,6 +340,7 @@ class TokenizerProcesses:
         self._started_with: tuple[WorkerModel, ...] = ()
         self._served = False
         self.given_up = False
+        self.hang_s = HANG_S
 
     def add(self, model: WorkerModel) -> None:
         """A model's tokenizer will send its slices here."""
@@ -359,7 +379,7 @@ class TokenizerProcesses:
         if worker is None:
             return None, "gone"
         try:
-            answer = await worker.run(model, texts, how)
+            answer = await worker.run(model, texts, how, self.hang_s)
         except WorkerDied:
             return None, self._died(worker)
         except asyncio.CancelledError:
@@ -420,7 +440,7 @@ class TokenizerProcesses:
         if worker not in self._workers:
             return "gone"  # stopped with the others, or replaced
         if self._served:
-            log.warning("a tokenizer worker process died; starting a new one")
+            log.warning("a tokenizer worker process %s; starting a new one", "hung" if worker.hung else "died")
             self._replace(worker)
             return "restarted"
         log.error("tokenizer worker processes failed before serving; tokenizing on threads "

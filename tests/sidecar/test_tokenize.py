@@ -560,6 +560,37 @@ def test_a_killed_worker_process_loses_no_text_and_is_replaced(tok, proc_tok, ca
     assert proc_tok.process_slices > served  # the new workers serve
 
 
+def test_a_hung_worker_process_is_killed_and_replaced_and_its_slice_redone(spec, tok, caplog):
+    # A worker that stops answering (SIGSTOP: alive, its pipes open, nothing read or written) holds
+    # its slice only until hang_s: then it is killed, the slice fails over to the threads
+    # ("restarted"), and a new worker serves the next slice.
+    import os
+    import signal
+
+    from sidecar.tokenize import TokenizerProcesses, WorkerModel
+
+    procs = TokenizerProcesses(1, 1)
+    model = WorkerModel(str(spec.tokenizer_path), spec.max_tokens, None)
+    procs.add(model)
+    try:
+        texts = ["some words here and there"] * 300
+        assert asyncio.run(procs.ids(model, texts, "truncate"))[1] == ""  # served once
+        hung = procs.pids[0]
+        os.kill(hung, signal.SIGSTOP)
+        procs.hang_s = 0.5
+        with caplog.at_level("WARNING", logger="sidecar.tokenize"):
+            seqs, fate = asyncio.run(procs.ids(model, texts, "truncate"))
+        assert seqs is None and fate == "restarted"
+        assert f"tokenizer worker process {hung} did not answer a slice within 0.5 s" in caplog.text
+        assert "a tokenizer worker process hung" in caplog.text
+        assert procs.pids != [hung] and procs.live == 1
+        procs.hang_s = 60.0
+        seqs, fate = asyncio.run(procs.ids(model, texts, "truncate"))
+        assert fate == "" and _values(seqs) == tok.encode(texts)
+    finally:
+        procs.remove()
+
+
 def test_a_worker_process_takes_a_slice_larger_than_its_pipes_both_ways(spec, tok):
     # One slice of ~1 MB of text (its ids ~0.5 MB) sent straight to a worker: both pipes
     # (64 KB each) fill and drain while the loop writes and reads in turns, and the ids are whole.
