@@ -57,7 +57,6 @@ def test_online_latency_from_schedule_counts_the_wait_of_a_query_held_back_by_a_
     assert scheduled["p90_ms"] >= sent["p90_ms"]
 
 
-@pytest.mark.slow
 def test_process_cpu_seconds_reads_a_process_s_cpu_time_from_proc():
     # This process spins for 0.3 s of its own CPU time (process_time counts CPU, not wall, so a
     # loaded machine only makes the spin take longer): /proc says about as much went by.
@@ -69,6 +68,7 @@ def test_process_cpu_seconds_reads_a_process_s_cpu_time_from_proc():
     assert 0.2 <= spent <= time.process_time() - start + 0.1
 
 
+@pytest.mark.slow
 def test_lanes_e2e_with_a_stand_in_runs_every_phase_with_the_gpu_budgets_and_traces_each_query(tmp_path):
     out = tmp_path / "lanes.json"
     assert lanes_e2e.main(["--stand-in", "100,100", "--online-rate", "20", "--batch-clients", "1",
