@@ -76,10 +76,6 @@ class FernSide:
                    for step in _steps(sequences, self.engine.max_step_tokens)]
         return np.concatenate([h.result()[:, 0] for h in handles])
 
-    def tokens(self, query: str, documents: list[str]) -> int:
-        return sum(len(s) for s in self.pairs.encode(query, documents))
-
-
 class CrossEncoderSide:
     """sentence-transformers' CrossEncoder on the same directory, the same dtype and device."""
 
@@ -213,27 +209,34 @@ def _measure(args, arch_table, dtype, queries, documents, fern, st, server) -> d
 
     st_rates = {str(b): rate(t) for b, t in st_times.items()}
     best = max(st_rates, key=lambda b: st_rates[b])
-    tokens = sum(fern.tokens(q, d) for q, d in zip(queries, documents))
+    lengths = [len(seq) for q, d in zip(queries, documents) for seq in fern.pairs.encode(q, d)]
+    tokens = sum(lengths)
     spec = fern.engine.spec
     # Per pair: each pair's own matmul FLOPs (attention grows with its length), summed over all pairs.
-    flops_per_pair = sum(len(s) * flops_per_token(spec.config, spec.family, len(s), spec.causal)
-                         for q, d in zip(queries, documents) for s in fern.pairs.encode(q, d)) / pairs
+    flops_per_pair = sum(n * flops_per_token(spec.config, spec.family, n, spec.causal) for n in lengths) / pairs
     peak = matmul_tflops(args.device)
     sustained = sustained_matmul_tflops(args.device) or peak
+    ceiling = sustained * 1e12 / flops_per_pair  # pairs/s at the sustained matmul rate
+
+    def fraction(pairs_per_s: float) -> float:
+        return round(pairs_per_s / ceiling, 3)
+
+    fern_rate = rate(fern_times)
     roofline = {"flops_per_pair": round(flops_per_pair), "matmul_tflops": _sig(peak),
                 "matmul_tflops_sustained": _sig(sustained),
-                "pairs_per_s_at_sustained_matmul_rate": round(sustained * 1e12 / flops_per_pair, 1),
-                "fern_engine_fraction": round(rate(fern_times) * flops_per_pair / (sustained * 1e12), 3),
-                "sentence_transformers_fraction": round(st_rates[best] * flops_per_pair / (sustained * 1e12), 3),
-                "most_possible_over_sentence_transformers": round(sustained * 1e12 / flops_per_pair / st_rates[best], 2)}
+                "pairs_per_s_at_sustained_matmul_rate": round(ceiling, 1),
+                "fern_engine_fraction": fraction(fern_rate),
+                "sentence_transformers_fraction": fraction(st_rates[best]),
+                "most_possible_over_sentence_transformers": round(ceiling / st_rates[best], 2)}
     server_result = None
     if server is not None:
-        server_result = {"pairs_per_s": rate(server_times), "round_seconds": [round(t, 4) for t in server_times],
+        server_rate = rate(server_times)
+        server_result = {"pairs_per_s": server_rate, "round_seconds": [round(t, 4) for t in server_times],
                          "clients": args.server_clients, "lane": "batch",
-                         "over_sentence_transformers": round(rate(server_times) / st_rates[best], 3),
+                         "over_sentence_transformers": round(server_rate / st_rates[best], 3),
                          "max_abs_logit_difference_vs_engine": _sig(np.abs(served - ours).max()),
                          "command": " ".join(server.served.command[1:])}
-        roofline["fern_serve_fraction"] = round(rate(server_times) * flops_per_pair / (sustained * 1e12), 3)
+        roofline["fern_serve_fraction"] = fraction(server_rate)
     return {
         "arch": args.arch, "config": arch_table[args.arch].config, "device": str(fern.engine.device),
         "gpu": torch.cuda.get_device_name(fern.engine.device) if fern.engine.device.type == "cuda" else None,
@@ -242,11 +245,11 @@ def _measure(args, arch_table, dtype, queries, documents, fern, st, server) -> d
         "workload": {"queries": args.queries, "documents_per_query": args.docs, "doc_tokens": args.doc_tokens,
                      "query_tokens": args.query_tokens, "pair_tokens_mean": round(tokens / pairs, 1),
                      "rounds": args.rounds, "timing": "median over rounds of all queries, one call per query"},
-        "fern": {"pairs_per_s": rate(fern_times), "round_seconds": [round(t, 4) for t in fern_times],
+        "fern": {"pairs_per_s": fern_rate, "round_seconds": [round(t, 4) for t in fern_times],
                  "max_step_tokens": fern.engine.max_step_tokens, "graphs": fern.engine.counters.as_dict()},
         "sentence_transformers": {"pairs_per_s_by_batch_size": st_rates, "best_batch_size": int(best),
                                   "pairs_per_s": st_rates[best]},
-        "fern_over_sentence_transformers": round(rate(fern_times) / st_rates[best], 3),
+        "fern_over_sentence_transformers": round(fern_rate / st_rates[best], 3),
         "fern_serve": server_result,
         "roofline": roofline,
         # Random weights: the logits are close together, so the difference is given beside their range.
