@@ -215,7 +215,7 @@ class _Worker:
         self._watchdog: asyncio.TimerHandle | None = None
         self.hung = False
 
-    async def run(self, model: WorkerModel, texts: list[str], how: str, hang_s: float = HANG_S) -> memoryview:
+    async def run(self, model: WorkerModel, texts: list[str], how: str, hang_s: float) -> memoryview:
         """The worker's answer to one slice (its bytes after the OK byte, read-only); raises
         WorkerDied, or what the worker raised. A cancelled call leaves the answer to be read
         and dropped. A worker that has not answered within `hang_s` is killed (WorkerDied)."""
@@ -322,9 +322,9 @@ class TokenizerProcesses:
     that sent it writes it to the worker's pipe and reads the answer (see _Worker), so the
     sidecar runs no thread for them and pickles nothing but the slice's texts. A worker that
     dies, or hangs on a slice for `hang_s` seconds (then it is killed), after the workers have
-    served is replaced; if they never served (workers that cannot
-    start: a main module that starts Fern again when spawned) they are given up, and every
-    model tokenizes on its threads. Used from one thread (its event loop) at a time.
+    served is replaced; if they never served (workers that cannot start: a main module that
+    starts Fern again when spawned) they are given up, and every model tokenizes on its
+    threads. Used from one thread (its event loop) at a time.
     """
 
     def __init__(self, processes: int, threads: int | None = None) -> None:
