@@ -25,6 +25,11 @@ path through it (handler, tokenized, queued, its step launched and delivered, ba
 response): per phase, each stage's percentiles, and the stages of the slowest 1 % of queries,
 which say where the tail goes.
 
+`--st-baseline` then runs sentence-transformers `encode` (fp16 on CUDA) on the same GPU, after
+the server has stopped, over passages of the batch clients' lengths, a new set each pass, at
+each batch size given (128, 256, 512 by default): its best rate is the figure a user would
+otherwise get, set beside the server's batch-alone tokens/s in the summary.
+
 `--py-spy DIR` (py-spy on PATH) records the server through the last round's batch-alone and
 mixed windows: which threads run and which hold the GIL, as collapsed stacks that
 `python -m tools.profiling.collapsed FILE` sums up (FERN_PY_SPY_NATIVE=1 adds C frames, at
@@ -200,6 +205,45 @@ def stage_breakdown(trace: dict, client_marks: dict[str, list[tuple[int, int, in
     return out
 
 
+def sentence_transformers_baseline(model: str | None, device: str, tokenizer: str, low: int, high: int,
+                                   texts: int, batch_sizes: list[int], passes: int = 3) -> dict:
+    """Tokens/s of sentence-transformers `encode` on passages of `low`..`high` tokens (specials included).
+
+    Each pass, warm-up included, gets texts no other pass saw; per batch size, one untimed pass
+    and then the median of `passes` timed ones, each closed by a device synchronize."""
+    import statistics
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from core_engine.loader import default_model_dir
+
+    cuda = device.startswith("cuda")
+    st = SentenceTransformer(str(Path(model) if model else default_model_dir()), device=device)
+    st.max_seq_length = high
+    if cuda:
+        st.half()
+    rng = random.Random(7)
+    seeds = iter(range(1000, 2000))
+
+    def one_pass(batch_size: int) -> float:
+        lengths = [rng.randint(low, high) for _ in range(texts)]
+        passages = make_texts(tokenizer, lengths, seed=next(seeds))
+        torch.cuda.synchronize() if cuda else None
+        started = time.perf_counter()
+        st.encode(passages, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
+        torch.cuda.synchronize() if cuda else None
+        return sum(lengths) / (time.perf_counter() - started)
+
+    rates = {}
+    for batch_size in batch_sizes:
+        one_pass(batch_size)
+        rates[str(batch_size)] = round(statistics.median(one_pass(batch_size) for _ in range(passes)), 1)
+    best = max(rates, key=rates.get)
+    return {"dtype": "float16" if cuda else "float32", "texts_per_pass": texts, "passes": passes,
+            "tokens_per_s_by_batch_size": rates, "best_batch_size": int(best), "tokens_per_s": rates[best]}
+
+
 def _p999(samples: list[float]) -> float | None:
     if len(samples) < 1000:
         return None
@@ -230,8 +274,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace", action="store_true",
                    help="time each online query's stages in the server (tools/profiling/traced.py): per phase, "
                         "each stage's percentiles and where the slowest 1 %% of queries spent their time")
+    p.add_argument("--st-baseline", type=int, nargs="*", default=None, metavar="BATCH_SIZE",
+                   help="after the rounds, sentence-transformers encode() on the same device and passage lengths "
+                        "at these batch sizes (none given: 128 256 512)")
+    p.add_argument("--st-texts", type=int, default=4096, help="passages in each sentence-transformers pass")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    if args.st_baseline is not None and not args.st_baseline:
+        args.st_baseline = [128, 256, 512]
+    if args.st_baseline and args.stand_in:
+        p.error("--st-baseline: a stand-in forward pass has no sentence-transformers counterpart")
 
     from sidecar.client import FernClient
 
@@ -357,6 +409,14 @@ def main(argv: list[str] | None = None) -> int:
                 w.kill()
         served.stop()
     result = write(complete=True)
+    if args.st_baseline:
+        st = sentence_transformers_baseline(args.model, args.device, tokenizer, args.batch_low, args.batch_high,
+                                            args.st_texts, args.st_baseline)
+        result["sentence_transformers"] = st
+        result["summary"]["batch_alone_over_sentence_transformers"] = [
+            round(rate / st["tokens_per_s"], 2) for rate in result["summary"]["batch_alone_tokens_per_s"]]
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
     if args.trace:
         result["trace"] = (stage_breakdown(json.loads(trace_file.read_text()), client_marks) if trace_file.exists()
                            else {"missing": f"the server wrote no {trace_file} (it did not exit by itself)"})

@@ -18,7 +18,7 @@ python3 -m benchmarks.cli --suite gpu --out "$OUT/results" --models-dir /tmp/fer
 # MiniLM: the suite's random-weight copy where the bundled package is not installed, else the package's.
 minilm=(); [ -d /tmp/fern-models/minilm ] && minilm=(--model /tmp/fern-models/minilm)
 if [ "${FERN_LANES_BENCH:-1}" != 0 ]; then
-  python3 -m benchmarks.lanes_e2e --device cuda "${minilm[@]}" --rounds 2 --trace --out "$OUT/results/lanes_e2e.json"
+  python3 -m benchmarks.lanes_e2e --device cuda "${minilm[@]}" --rounds 2 --trace --st-baseline --out "$OUT/results/lanes_e2e.json"
   python3 -c "from benchmarks.models import build_random_model; build_random_model('bge-m3', '/tmp/fern-models/bge-m3')"
   python3 -m benchmarks.lanes_e2e --device cuda --model /tmp/fern-models/bge-m3 --online-tokens 128 --rounds 2 --trace \
     --out "$OUT/results/lanes_e2e-bge-m3.json"
