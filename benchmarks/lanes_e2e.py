@@ -213,26 +213,20 @@ def sentence_transformers_baseline(model: str | None, device: str, tokenizer: st
     and then the median of `passes` timed ones, each closed by a device synchronize."""
     import statistics
 
-    import torch
-    from sentence_transformers import SentenceTransformer
-
+    from benchmarks.suite import _sync, sentence_transformer
     from core_engine.loader import default_model_dir
 
-    cuda = device.startswith("cuda")
-    st = SentenceTransformer(str(Path(model) if model else default_model_dir()), device=device)
-    st.max_seq_length = high
-    if cuda:
-        st.half()
+    st = sentence_transformer(Path(model) if model else default_model_dir(), device, high)
     rng = random.Random(7)
     seeds = iter(range(1000, 2000))
 
     def one_pass(batch_size: int) -> float:
         lengths = [rng.randint(low, high) for _ in range(texts)]
         passages = make_texts(tokenizer, lengths, seed=next(seeds))
-        torch.cuda.synchronize() if cuda else None
+        _sync(device)
         started = time.perf_counter()
         st.encode(passages, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
-        torch.cuda.synchronize() if cuda else None
+        _sync(device)
         return sum(lengths) / (time.perf_counter() - started)
 
     rates = {}
@@ -240,7 +234,7 @@ def sentence_transformers_baseline(model: str | None, device: str, tokenizer: st
         one_pass(batch_size)
         rates[str(batch_size)] = round(statistics.median(one_pass(batch_size) for _ in range(passes)), 1)
     best = max(rates, key=rates.get)
-    return {"dtype": "float16" if cuda else "float32", "texts_per_pass": texts, "passes": passes,
+    return {"dtype": "float16" if device.startswith("cuda") else "float32", "texts_per_pass": texts, "passes": passes,
             "tokens_per_s_by_batch_size": rates, "best_batch_size": int(best), "tokens_per_s": rates[best]}
 
 

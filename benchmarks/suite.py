@@ -354,15 +354,20 @@ def part_latency(ctx: Context) -> dict[str, Any]:
     return out
 
 
-def _sentence_transformer(ctx: Context, spec):
-    """The baseline model: sentence-transformers on the same weights, the same token limit, fp16 on CUDA."""
+def sentence_transformer(path: str | Path, device: str, max_tokens: int):
+    """The baseline model: sentence-transformers on the weights in `path`, cut at `max_tokens`, fp16 on CUDA."""
     from sentence_transformers import SentenceTransformer
 
-    st = SentenceTransformer(str(spec.path), device=ctx.device)
-    st.max_seq_length = spec.max_tokens
-    if ctx.device.startswith("cuda"):
+    st = SentenceTransformer(str(path), device=device)
+    st.max_seq_length = max_tokens
+    if device.startswith("cuda"):
         st.half()
     return st
+
+
+def _sentence_transformer(ctx: Context, spec):
+    """The baseline beside an engine: the same weights, the same token limit."""
+    return sentence_transformer(spec.path, ctx.device, spec.max_tokens)
 
 
 def _latency_st(ctx: Context, spec, tok: Tokenizer, lengths: list[int], iters: int) -> dict[str, Any]:

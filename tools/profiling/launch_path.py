@@ -6,7 +6,7 @@ polls `handle.done()` and takes `handle.result()`. Through the server, the stage
 (`benchmarks.lanes_e2e --trace`) sees that path as one "queued" stage, admitted to launched.
 This runs the same calls in one process on the served engine (compiled, the step's graph
 captured), one query after another, and times each piece by wrapping the engine's own methods,
-so a piece's time includes the pieces it calls (`_launch` includes `graphs.run`, and so on).
+so a piece's time includes the pieces it calls (`step` includes `graphs.run`, and so on).
 `gpu` is the step's device time (CUDA events around it); `host_total` is prepare to
 launched, the host work the loop does before the GPU starts.
 
